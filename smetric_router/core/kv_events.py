@@ -1,0 +1,56 @@
+"""SGLang 0.5.23's KV-event wire schema (disaggregation/kv_events.py), written from its spec.
+
+A batch is a msgpack array [ts, events, attn_dp_rank]; each event is a map tagged by "type".
+Optional fields equal to None are omitted; parent_block_hash and lora_id are always present.
+ZMQ frames are [topic, seq (8-byte big-endian), payload].
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+GPU = "GPU"
+CPU_PINNED = "CPU_PINNED"
+
+
+class KVCacheEvent(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
+    pass
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+AnyEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[AnyEvent]
+    attn_dp_rank: int | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(KVEventBatch)
+
+
+def encode_batch(batch: KVEventBatch) -> bytes:
+    return _encoder.encode(batch)
+
+
+def decode_batch(payload: bytes) -> KVEventBatch:
+    return _decoder.decode(payload)

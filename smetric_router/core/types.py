@@ -1,0 +1,93 @@
+"""The data a routing decision is made from, and the decision itself.
+
+Invariants (see policies/NOTES.md):
+- RequestFeatures are computed once per request and never mutated.
+- ClusterView is an immutable snapshot; policies read it and never do I/O.
+- A Decision names one worker by URL and says why it was chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Reason(str, Enum):
+    """Why SMetric chose a worker (the value of the x-smetric-reason header)."""
+
+    FIRST_TURN_BALANCE = "first-turn-balance"
+    STICKY = "sticky"
+    OVERLOAD_FALLBACK = "overload-fallback"
+    EVICTED_FALLBACK = "evicted-fallback"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What the router knows about one request before choosing a worker.
+
+    turn: number of prior assistant turns (0 = first request of a session); None when the request
+        carries no history the router can count (raw prompts without a hint): policies then infer it
+        from the cluster view (see policies/turn.py).
+    est_hit: tokens of the carried history before the newly appended turn — what a worker that
+        served the previous turn should still hold.
+    page_hashes: SGLang KV-event block hashes (signed int64) of the prompt's full pages.
+    text: the request's prompt text, used only by the text-tree `cache_aware` baseline.
+    """
+
+    prompt_len: int
+    page_hashes: Sequence[int]
+    page_size: int
+    turn: int | None
+    est_hit: int
+    text: str = ""
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker as a policy sees it, for one request.
+
+    hit: leading prompt tokens held in this instance's local tiers (GPU, or GPU+host where the
+        host tier is enabled); gpu_hit: the GPU-tier part alone.
+    load: the load signal: in-flight requests under PD colocation, unprefilled tokens for PD
+        prefill instances, tokens in use for PD decode instances.
+    text_match / text_tree_size: the approximate text tree of the `cache_aware` baseline (chars).
+    """
+
+    url: str
+    load: float
+    hit: int = 0
+    gpu_hit: int = 0
+    healthy: bool = True
+    text_match: int = 0
+    text_tree_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """An immutable snapshot of the cluster for one decision.
+
+    tick: a counter the caller advances once per decision, used for round-robin tie-breaking so
+        that policies stay pure.
+    entropy: random bits the caller draws per decision, for the randomized baselines.
+    global_hit: leading prompt tokens available to every worker from the global tier (Mooncake).
+    """
+
+    workers: tuple[WorkerView, ...]
+    tick: int = 0
+    entropy: int = 0
+    global_hit: int = 0
+
+    def healthy(self) -> tuple[WorkerView, ...]:
+        return tuple(w for w in self.workers if w.healthy)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    worker: str
+    reason: str
+
+
+class NoWorkerAvailable(Exception):
+    """Raised by a policy when the view has no healthy worker."""

@@ -1,0 +1,65 @@
+"""The engine model's public contract: shared by the emulated worker (real time) and the simulator
+(virtual time). The engine is plain synchronous Python: no asyncio, no clock of its own; the caller
+advances it step by step and sleeps (emulator) or jumps (simulator) by StepResult.duration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from smetric_router.core.kv_events import KVCacheEvent
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    page_size: int = 16
+    gpu_kv_tokens: int = 262_144  # GPU-tier capacity in tokens (profile may override)
+    host_kv_tokens: int = 0  # HiCache host tier in tokens; 0 disables it
+    chunked_prefill_size: int = 8192  # max prompt tokens computed per step (SGLang --chunked-prefill-size)
+    max_running_requests: int = 256
+    profile: str = "h20-qwen3-coder-30b-a3b"  # timing profile name (engine/profiles/*.json)
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    rid: str
+    input_ids: list[int]
+    output_ids: list[int]  # what the emulated model will emit, fixed up front (ends with EOS/im_end)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedTokens:
+    """Prompt tokens served from cache when the request was scheduled (SGLang cached_tokens_details)."""
+
+    device: int = 0
+    host: int = 0
+    storage: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.device + self.host + self.storage
+
+
+@dataclass(slots=True)
+class StepResult:
+    duration: float  # seconds of model time this step takes
+    scheduled: list[tuple[str, CachedTokens]] = field(default_factory=list)  # rids admitted this step
+    emitted: list[tuple[str, int]] = field(default_factory=list)  # (rid, new output tokens)
+    finished: list[str] = field(default_factory=list)
+    kv_events: list[KVCacheEvent] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """The fields of SGLang's /v1/loads entry the engine can report."""
+
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_waiting_uncached_tokens: int
+    num_used_tokens: int
+    max_total_num_tokens: int
+    max_running_requests: int
+    token_usage: float
+    cache_hit_rate: float
+    gen_throughput: float
+    total_prefill_uncached_tokens: int

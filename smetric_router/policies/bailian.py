@@ -1,0 +1,28 @@
+"""Bailian's production scheduler: score = (1-λ)·norm(load) + λ·(1 - hit_ratio), lowest wins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smetric_router.core.types import ClusterView, Decision, RequestFeatures
+from smetric_router.policies.base import PolicyParams, healthy_or_raise, register, rr_argmin
+
+
+@dataclass(frozen=True, slots=True)
+class Bailian:
+    params: PolicyParams
+    name: str = "bailian"
+    uses_text_tree: bool = False
+
+    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+        workers = healthy_or_raise(view)
+        lam = self.params.bailian_lambda
+        max_load = max(w.load for w in workers) or 1.0
+        prompt = max(features.prompt_len, 1)
+        scores = [(1 - lam) * w.load / max_load + lam * (1 - min(w.hit, prompt) / prompt) for w in workers]
+        return Decision(rr_argmin(workers, scores, view.tick).url, self.name)
+
+
+@register("bailian")
+def _make(params: PolicyParams) -> Bailian:
+    return Bailian(params)

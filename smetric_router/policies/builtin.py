@@ -1,0 +1,5 @@
+"""Imports every built-in policy module so that each registers itself."""
+
+from smetric_router.policies import bailian, cache_aware, lmetric, load_balance, simple, smetric
+
+__all__ = ["bailian", "cache_aware", "lmetric", "load_balance", "simple", "smetric"]

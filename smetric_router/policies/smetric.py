@@ -1,0 +1,43 @@
+"""SMetric's balanced session-centric scheduling (the paper's Figure 13).
+
+First request of a session -> least load. Follow-up -> the worker with the highest local hit,
+unless that worker is overloaded (load > OVERLOAD x mean) or the session looks evicted
+(best hit <= HIT_RATIO x est_hit); both guards fall back to least load. Ties round-robin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smetric_router.core.types import ClusterView, Decision, Reason, RequestFeatures
+from smetric_router.policies.base import PolicyParams, healthy_or_raise, least_load, register
+from smetric_router.policies.turn import resolve_turn
+
+
+@dataclass(frozen=True, slots=True)
+class SMetric:
+    params: PolicyParams
+    name: str = "smetric"
+    uses_text_tree: bool = False
+
+    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+        workers = healthy_or_raise(view)
+        if resolve_turn(features, workers) == 0:
+            return Decision(least_load(workers, view.tick).url, Reason.FIRST_TURN_BALANCE.value)
+
+        best_hit = max(w.hit for w in workers)
+        candidates = [w for w in workers if w.hit == best_hit]
+        target = candidates[view.tick % len(candidates)]
+
+        mean_load = sum(w.load for w in workers) / len(workers)
+        if target.load > self.params.overload * mean_load:
+            return Decision(least_load(workers, view.tick).url, Reason.OVERLOAD_FALLBACK.value)
+        # est_hit == 0 means the request carries no countable history: nothing to have been evicted.
+        if features.est_hit > 0 and not best_hit > self.params.hit_ratio * features.est_hit:
+            return Decision(least_load(workers, view.tick).url, Reason.EVICTED_FALLBACK.value)
+        return Decision(target.url, Reason.STICKY.value)
+
+
+@register("smetric")
+def _make(params: PolicyParams) -> SMetric:
+    return SMetric(params)
