@@ -6,6 +6,7 @@ advances it step by step and sleeps (emulator) or jumps (simulator) by StepResul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from smetric_router.core.kv_events import KVCacheEvent
 
@@ -63,3 +64,33 @@ class LoadSnapshot:
     cache_hit_rate: float
     gen_throughput: float
     total_prefill_uncached_tokens: int
+
+
+class EngineModel(Protocol):
+    """What engine/engine.py's `Engine(config: EngineConfig)` provides."""
+
+    config: EngineConfig
+
+    def add_request(self, req: EngineRequest) -> None: ...
+
+    def abort(self, rid: str) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> StepResult:
+        """Run one scheduler iteration (admit, chunked prefill, one decode token per running req)."""
+        ...
+
+    def match_prefix(self, token_ids: list[int]) -> CachedTokens:
+        """Read-only: leading tokens of token_ids held per tier (device, host), page-aligned."""
+        ...
+
+    def flush(self) -> bool:
+        """Drop every cached page (emits AllBlocksCleared); False if requests are running or waiting."""
+        ...
+
+    def load(self) -> LoadSnapshot: ...
+
+    def drain_events(self) -> list[KVCacheEvent]:
+        """KV events produced outside step() (e.g. by flush)."""
+        ...
