@@ -16,7 +16,9 @@ class EngineConfig:
     page_size: int = 16
     gpu_kv_tokens: int = 262_144  # GPU-tier capacity in tokens (profile may override)
     host_kv_tokens: int = 0  # HiCache host tier in tokens; 0 disables it
-    chunked_prefill_size: int = 8192  # max prompt tokens computed per step (SGLang --chunked-prefill-size)
+    chunked_prefill_size: int = (
+        8192  # max prompt tokens computed per step (SGLang --chunked-prefill-size)
+    )
     max_running_requests: int = 256
     profile: str = "h20-qwen3-coder-30b-a3b"  # timing profile name (engine/profiles/*.json)
 
@@ -25,7 +27,9 @@ class EngineConfig:
 class EngineRequest:
     rid: str
     input_ids: list[int]
-    output_ids: list[int]  # what the emulated model will emit, fixed up front (ends with EOS/im_end)
+    output_ids: list[
+        int
+    ]  # what the emulated model will emit, fixed up front (ends with EOS/im_end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +48,9 @@ class CachedTokens:
 @dataclass(slots=True)
 class StepResult:
     duration: float  # seconds of model time this step takes
-    scheduled: list[tuple[str, CachedTokens]] = field(default_factory=list)  # rids admitted this step
+    scheduled: list[tuple[str, CachedTokens]] = field(
+        default_factory=list
+    )  # rids admitted this step
     emitted: list[tuple[str, int]] = field(default_factory=list)  # (rid, new output tokens)
     finished: list[str] = field(default_factory=list)
     kv_events: list[KVCacheEvent] = field(default_factory=list)

@@ -19,7 +19,9 @@ class Bailian:
         lam = self.params.bailian_lambda
         max_load = max(w.load for w in workers) or 1.0
         prompt = max(features.prompt_len, 1)
-        scores = [(1 - lam) * w.load / max_load + lam * (1 - min(w.hit, prompt) / prompt) for w in workers]
+        scores = [
+            (1 - lam) * w.load / max_load + lam * (1 - min(w.hit, prompt) / prompt) for w in workers
+        ]
         return Decision(rr_argmin(workers, scores, view.tick).url, self.name)
 
 

@@ -42,8 +42,11 @@ class Policy(Protocol):
     the router, against emulated workers and in the simulator.
     """
 
-    name: str
-    uses_text_tree: bool
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def uses_text_tree(self) -> bool: ...
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision: ...
 
@@ -72,7 +75,9 @@ def make_policy(name: str, params: PolicyParams | None = None) -> Policy:
     try:
         factory = _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(sorted(_REGISTRY))}") from None
+        raise ValueError(
+            f"unknown policy {name!r}; choose one of {', '.join(sorted(_REGISTRY))}"
+        ) from None
     return factory(params or PolicyParams())
 
 
@@ -94,7 +99,9 @@ def healthy_or_raise(view: ClusterView) -> tuple[WorkerView, ...]:
 def rr_argmin(workers: Sequence[WorkerView], scores: Sequence[float], tick: int) -> WorkerView:
     """The lowest-scoring worker; ties are broken round-robin by the view's tick."""
     best = min(scores)
-    ties = [w for w, s in zip(workers, scores, strict=True) if s <= best + 1e-9 * max(1.0, abs(best))]
+    ties = [
+        w for w, s in zip(workers, scores, strict=True) if s <= best + 1e-9 * max(1.0, abs(best))
+    ]
     return ties[tick % len(ties)]
 
 

@@ -9,7 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures
-from smetric_router.policies.base import PolicyParams, healthy_or_raise, least_load, register, rr_argmin
+from smetric_router.policies.base import (
+    PolicyParams,
+    healthy_or_raise,
+    least_load,
+    register,
+    rr_argmin,
+)
 
 
 @dataclass(frozen=True, slots=True)

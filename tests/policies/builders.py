@@ -1,0 +1,43 @@
+"""Builder fixtures: `cluster(w(load=3, hit=64), w(load=1))` is a view of workers w0, w1."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from smetric_router.core.types import ClusterView, RequestFeatures, WorkerView
+
+
+def w(
+    load: float = 0, hit: int = 0, healthy: bool = True, text_match: int = 0, tree: int = 0
+) -> WorkerView:
+    return WorkerView(
+        url="",
+        load=load,
+        hit=hit,
+        gpu_hit=hit,
+        healthy=healthy,
+        text_match=text_match,
+        text_tree_size=tree,
+    )
+
+
+def cluster(*workers: WorkerView, tick: int = 0, entropy: int = 0) -> ClusterView:
+    named = tuple(replace(wv, url=f"w{i}") for i, wv in enumerate(workers))
+    return ClusterView(workers=named, tick=tick, entropy=entropy)
+
+
+def req(
+    prompt_len: int = 1000,
+    turn: int | None = 0,
+    est_hit: int = 0,
+    text: str = "",
+    page_size: int = 16,
+) -> RequestFeatures:
+    return RequestFeatures(
+        prompt_len=prompt_len,
+        page_hashes=(),
+        page_size=page_size,
+        turn=turn,
+        est_hit=est_hit,
+        text=text,
+    )

@@ -1,0 +1,102 @@
+"""Every branch of the paper's Figure 13 on built cluster views."""
+
+from __future__ import annotations
+
+import pytest
+
+from smetric_router.core.types import NoWorkerAvailable
+from smetric_router.policies import PolicyParams, make_policy
+from tests.policies.builders import cluster, req, w
+
+SMETRIC = make_policy("smetric")
+
+
+def test_first_turn_goes_to_least_load_even_against_a_big_hit() -> None:
+    view = cluster(w(load=3, hit=900), w(load=1, hit=0), w(load=2, hit=0))
+    d = SMETRIC.decide(req(turn=0), view)
+    assert (d.worker, d.reason) == ("w1", "first-turn-balance")
+
+
+def test_first_turn_ties_break_round_robin_by_tick() -> None:
+    chosen = [
+        SMETRIC.decide(req(turn=0), cluster(w(1), w(0), w(0), w(0), tick=t)).worker
+        for t in range(6)
+    ]
+    assert chosen == ["w1", "w2", "w3", "w1", "w2", "w3"]
+
+
+def test_follow_up_sticks_to_best_hit() -> None:
+    view = cluster(w(load=2, hit=0), w(load=3, hit=800), w(load=1, hit=160))
+    d = SMETRIC.decide(req(turn=2, est_hit=820), view)
+    assert (d.worker, d.reason) == ("w1", "sticky")
+
+
+def test_overload_guard_falls_back_to_least_load() -> None:
+    # mean load = 2.5; w0 carries 7 > 2 x 2.5
+    view = cluster(w(load=7, hit=800), w(load=1), w(load=1), w(load=1))
+    d = SMETRIC.decide(req(turn=1, est_hit=800), view)
+    assert d.reason == "overload-fallback"
+    assert d.worker in {"w1", "w2", "w3"}
+
+
+def test_load_exactly_at_threshold_still_sticks() -> None:
+    # mean = 2.5, 2 x mean = 5 -> load 5 is not overloaded (l[s] <= OVERLOAD x mean)
+    view = cluster(w(load=5, hit=800), w(load=2), w(load=2), w(load=1))
+    assert SMETRIC.decide(req(turn=1, est_hit=800), view).reason == "sticky"
+
+
+def test_overload_parameter_is_honoured() -> None:
+    view = cluster(w(load=4, hit=800), w(load=2), w(load=2), w(load=0))  # mean 2
+    strict = make_policy("smetric", PolicyParams(overload=1.5))
+    assert strict.decide(req(turn=1, est_hit=800), view).reason == "overload-fallback"
+    assert SMETRIC.decide(req(turn=1, est_hit=800), view).reason == "sticky"
+
+
+def test_evicted_guard_falls_back_when_best_hit_is_far_below_history() -> None:
+    view = cluster(w(load=0, hit=64), w(load=3, hit=32), w(load=5))
+    d = SMETRIC.decide(req(turn=3, est_hit=4000), view)
+    assert (d.worker, d.reason) == ("w0", "evicted-fallback")
+
+
+def test_hit_ratio_parameter_sets_the_eviction_threshold() -> None:
+    view = cluster(w(load=1, hit=600), w(load=0))
+    assert SMETRIC.decide(req(turn=1, est_hit=1000), view).reason == "sticky"  # 600 > 0.5 x 1000
+    picky = make_policy("smetric", PolicyParams(hit_ratio=0.75))
+    d = picky.decide(req(turn=1, est_hit=1000), view)
+    assert (d.worker, d.reason) == ("w1", "evicted-fallback")
+
+
+def test_overload_is_checked_before_eviction() -> None:
+    view = cluster(w(load=9, hit=10), w(load=1), w(load=1))
+    assert SMETRIC.decide(req(turn=1, est_hit=5000), view).reason == "overload-fallback"
+
+
+def test_unhealthy_workers_are_never_chosen() -> None:
+    view = cluster(w(load=0, hit=900, healthy=False), w(load=4, hit=100), w(load=2))
+    d = SMETRIC.decide(req(turn=1, est_hit=120), view)
+    assert (d.worker, d.reason) == ("w1", "sticky")
+    assert SMETRIC.decide(req(turn=0), view).worker == "w2"
+
+
+def test_no_healthy_worker_raises() -> None:
+    with pytest.raises(NoWorkerAvailable):
+        SMETRIC.decide(req(turn=0), cluster(w(healthy=False)))
+
+
+def test_raw_prompt_with_exclusive_hit_is_inferred_follow_up() -> None:
+    # w2 holds 320 tokens beyond what the others share (the 160-token system prompt)
+    view = cluster(w(load=1, hit=160), w(load=0, hit=160), w(load=2, hit=480))
+    d = SMETRIC.decide(req(turn=None), view)
+    assert (d.worker, d.reason) == ("w2", "sticky")
+
+
+def test_raw_prompt_sharing_only_a_common_prefix_is_a_first_turn() -> None:
+    view = cluster(w(load=3, hit=160), w(load=1, hit=160), w(load=2, hit=0))
+    d = SMETRIC.decide(req(turn=None), view)
+    assert (d.worker, d.reason) == ("w1", "first-turn-balance")
+
+
+def test_policy_is_pure() -> None:
+    view = cluster(w(load=1, hit=300), w(load=0))
+    f = req(turn=1, est_hit=300)
+    assert {SMETRIC.decide(f, view) for _ in range(5)} == {SMETRIC.decide(f, view)}
