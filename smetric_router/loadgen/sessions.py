@@ -1,0 +1,166 @@
+"""Agent sessions over the OpenAI API, reading the router's decision headers.
+
+Each session has a shared system prompt, its own task, and then turns in which the agent appends the
+model's reply and a tool result and asks again — the request shape of a coding agent. The report
+says where first turns went, how often a follow-up landed on its previous turn's worker, and whether
+the worker's reported cached_tokens covered the carried history.
+
+    python -m smetric_router.loadgen.sessions --url http://127.0.0.1:30000 --sessions 16 --turns 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+from openai import AsyncOpenAI
+
+from smetric_router.features.chat import ChatCodec, load_codec
+
+SYSTEM_PROMPT = (
+    "You are a coding agent. You read files, run tools and edit code until the task is done. "
+    "Answer with one tool call or a short explanation. "
+) * 8
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    session: int
+    turn: int
+    worker: str
+    reason: str
+    cached_tokens: int
+    history_tokens: int  # tokens of the carried history a sticky worker should hold (page-aligned)
+
+
+@dataclass
+class SessionReport:
+    records: list[TurnRecord] = field(default_factory=list)
+
+    def first_turn_workers(self) -> Counter[str]:
+        return Counter(r.worker for r in self.records if r.turn == 0)
+
+    def followups(self) -> list[tuple[TurnRecord, TurnRecord]]:
+        """(previous turn, follow-up) pairs."""
+        by_key = {(r.session, r.turn): r for r in self.records}
+        return [(by_key[(r.session, r.turn - 1)], r) for r in self.records if r.turn > 0]
+
+    def stuck_share(self) -> float:
+        pairs = self.followups()
+        return sum(p.worker == f.worker for p, f in pairs) / max(1, len(pairs))
+
+    def covered_share(self) -> float:
+        pairs = self.followups()
+        return sum(f.cached_tokens >= f.history_tokens for _, f in pairs) / max(1, len(pairs))
+
+    def reasons(self) -> Counter[str]:
+        return Counter(r.reason for r in self.records)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "requests": len(self.records),
+            "first_turn_workers": dict(self.first_turn_workers()),
+            "followup_same_worker_share": round(self.stuck_share(), 4),
+            "followup_history_covered_share": round(self.covered_share(), 4),
+            "reasons": dict(self.reasons()),
+        }
+
+
+def history_tokens(codec: ChatCodec, messages: list[dict[str, Any]], page_size: int) -> int:
+    """Tokens before the newly appended turn, minus the newline after the last reply (never cached),
+    rounded down to a page: what a worker that served the previous turn must report as cached."""
+    last_reply = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    n = len(codec.render_messages(messages[: last_reply + 1], add_generation_prompt=False))
+    return max(0, n - 1) // page_size * page_size
+
+
+def _words(rng: random.Random, n: int) -> str:
+    vocab = [
+        "read",
+        "file",
+        "src",
+        "main",
+        "test",
+        "error",
+        "line",
+        "def",
+        "class",
+        "return",
+        "import",
+        "value",
+        "config",
+        "patch",
+    ]
+    return " ".join(rng.choice(vocab) for _ in range(n))
+
+
+async def run_session(
+    client: AsyncOpenAI, model: str, codec: ChatCodec, sid: int, turns: int, page_size: int,
+    max_tokens: int, seed: int,
+) -> list[TurnRecord]:  # fmt: skip
+    rng = random.Random(seed * 1000 + sid)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": f"Task {sid}: " + _words(rng, 120)},
+    ]
+    out = []
+    for turn in range(turns):
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=messages,
+            max_tokens=max_tokens,  # type: ignore[arg-type]
+        )
+        reply = raw.parse()
+        usage = reply.usage
+        details = usage.prompt_tokens_details if usage else None
+        cached = (details.cached_tokens or 0) if details else 0
+        hist = history_tokens(codec, messages, page_size) if turn else 0
+        out.append(TurnRecord(sid, turn, raw.headers.get("x-smetric-worker", ""),
+                              raw.headers.get("x-smetric-reason", ""), cached, hist))  # fmt: skip
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+        messages.append({"role": "user", "content": "Tool result: " + _words(rng, 80)})
+    return out
+
+
+async def run_sessions(
+    url: str, sessions: int = 16, turns: int = 5, page_size: int = 16, max_tokens: int = 32,
+    model: str | None = None, seed: int = 0,
+) -> SessionReport:  # fmt: skip
+    codec = load_codec()
+    async with AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as client:
+        if model is None:
+            model = (await client.models.list()).data[0].id
+        results = await asyncio.gather(
+            *(run_session(client, model, codec, s, turns, page_size, max_tokens, seed)
+              for s in range(sessions))
+        )  # fmt: skip
+    return SessionReport([r for rs in results for r in rs])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:30000", help="router base URL")
+    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=32, help="output tokens per turn")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--records", action="store_true", help="also print every request's record")
+    a = p.parse_args(argv)
+    report = asyncio.run(run_sessions(a.url, a.sessions, a.turns, a.page_size, a.max_tokens,
+                                      seed=a.seed))  # fmt: skip
+    doc: dict[str, Any] = report.summary()
+    if a.records:
+        doc["records"] = [asdict(r) for r in report.records]
+    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
