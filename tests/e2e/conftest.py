@@ -1,4 +1,4 @@
-"""Launched stacks: real processes (emulated workers + router) started by the launcher's own code."""
+"""Launched stacks: emulated workers + router as real processes, started by the launcher."""
 
 from __future__ import annotations
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from tests.e2e.conftest import StackFactory
-
 from smetric_router.loadgen.sessions import run_sessions
+from tests.e2e.conftest import StackFactory
 
 
 async def test_smetric_balances_first_turns_and_sticks_follow_ups(make_stack: StackFactory) -> None:
