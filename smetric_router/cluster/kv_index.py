@@ -1,0 +1,280 @@
+"""Which page hashes each worker holds, per tier, answering longest-prefix matches for all workers.
+
+Two views are indexed: GPU (the device tier alone) and local (GPU or CPU_PINNED host tier).
+Each view maps a page hash to a bitmask of the workers holding it, and is kept prefix-closed per
+worker by construction (see NOTES.md): a store is accepted only when its parent page is held in
+the same view, and removing a page that still has held children drops the orphaned subtree.
+A prefix-closed view lets `match` binary-search the prefix length for all workers at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from smetric_router.core.kv_events import (
+    CPU_PINNED,
+    GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+)
+
+log = logging.getLogger(__name__)
+
+_GPU = 1
+_HOST = 2
+
+
+def _tier(medium: str | None) -> int | None:
+    # Events without a medium come from publishers that know only the device tier.
+    if medium is None or medium == GPU:
+        return _GPU
+    if medium == CPU_PINNED:
+        return _HOST
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIndexStats:
+    """Pages held per tier, and how often the events broke prefix closure (see NOTES.md)."""
+
+    gpu_pages: int
+    host_pages: int
+    rejected_stores: int
+    repairs: int
+
+
+class _WorkerState:
+    """One worker's pages: tiers held, parent links and held-children counts per view."""
+
+    __slots__ = ("bit", "kids_gpu", "kids_local", "parent", "rejected", "repairs", "tiers")
+
+    def __init__(self, bit: int) -> None:
+        self.bit = bit
+        self.tiers: dict[int, int] = {}
+        self.parent: dict[int, int | None] = {}
+        self.kids_gpu: dict[int, int] = {}
+        self.kids_local: dict[int, int] = {}
+        self.rejected = 0  # stores whose parent was not held (under-reporting, never stale)
+        self.repairs = 0  # removals that orphaned held children
+
+
+def _dec(counts: dict[int, int], key: int) -> None:
+    n = counts[key] - 1
+    if n:
+        counts[key] = n
+    else:
+        del counts[key]
+
+
+class KvIndex:
+    def __init__(self) -> None:
+        self._workers: dict[str, _WorkerState] = {}
+        self._gpu: dict[int, int] = {}
+        self._local: dict[int, int] = {}
+        self._free_bits: list[int] = []
+        self._next_bit = 0
+
+    # -- membership -------------------------------------------------------------------------
+
+    def add_worker(self, worker: str) -> None:
+        if worker in self._workers:
+            return
+        if self._free_bits:
+            bit = self._free_bits.pop()
+        else:
+            bit = 1 << self._next_bit
+            self._next_bit += 1
+        self._workers[worker] = _WorkerState(bit)
+
+    def remove_worker(self, worker: str) -> None:
+        if worker not in self._workers:
+            return
+        self.clear(worker)
+        self._free_bits.append(self._workers.pop(worker).bit)
+
+    def workers(self) -> list[str]:
+        return list(self._workers)
+
+    def clear(self, worker: str) -> None:
+        st = self._workers.get(worker)
+        if st is not None:
+            self._clear_state(st)
+
+    def _clear_state(self, st: _WorkerState) -> None:
+        for h, t in st.tiers.items():
+            if t & _GPU:
+                self._unset(self._gpu, h, st.bit)
+            self._unset(self._local, h, st.bit)
+        st.tiers.clear()
+        st.parent.clear()
+        st.kids_gpu.clear()
+        st.kids_local.clear()
+
+    # -- events -----------------------------------------------------------------------------
+
+    def apply(self, worker: str, batch: KVEventBatch) -> None:
+        self.add_worker(worker)
+        st = self._workers[worker]
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                tier = _tier(ev.medium)
+                if tier is None:
+                    continue
+                parent = ev.parent_block_hash
+                for h in ev.block_hashes:
+                    self._store(st, h, parent, tier)
+                    parent = h
+            elif isinstance(ev, BlockRemoved):
+                tier = _tier(ev.medium)
+                if tier is None:
+                    continue
+                for h in ev.block_hashes:
+                    self._remove(st, h, tier)
+            elif isinstance(ev, AllBlocksCleared):
+                self.clear(worker)
+
+    def _store(self, st: _WorkerState, h: int, parent: int | None, tier: int) -> None:
+        old = st.tiers.get(h, 0)
+        if old & tier:
+            return
+        if parent is not None:
+            pt = st.tiers.get(parent, 0)
+            if not (pt & _GPU if tier == _GPU else pt):
+                st.rejected += 1
+                return
+        if not old:
+            st.parent[h] = parent
+            self._local[h] = self._local.get(h, 0) | st.bit
+            if parent is not None:
+                st.kids_local[parent] = st.kids_local.get(parent, 0) + 1
+        if tier == _GPU:
+            self._gpu[h] = self._gpu.get(h, 0) | st.bit
+            if parent is not None:
+                st.kids_gpu[parent] = st.kids_gpu.get(parent, 0) + 1
+        st.tiers[h] = old | tier
+
+    def _remove(self, st: _WorkerState, h: int, tier: int) -> None:
+        old = st.tiers.get(h, 0)
+        if not old & tier:
+            return
+        parent = st.parent[h]
+        orphans = False
+        if tier == _GPU:
+            orphans = h in st.kids_gpu
+            self._unset(self._gpu, h, st.bit)
+            if parent is not None:
+                _dec(st.kids_gpu, parent)
+        new = old & ~tier
+        if new:
+            st.tiers[h] = new
+        else:
+            orphans = orphans or h in st.kids_local
+            del st.tiers[h]
+            del st.parent[h]
+            self._unset(self._local, h, st.bit)
+            if parent is not None:
+                _dec(st.kids_local, parent)
+        if orphans:
+            # A radix cache evicts leaves first; if this publisher did not, drop what hangs off.
+            st.repairs += 1
+            self._repair(st)
+
+    def _repair(self, st: _WorkerState) -> None:
+        """Keep of each page only the tiers its ancestry still supports (the store admission
+        rule applied afresh); rare, O(pages of this worker)."""
+        kept: dict[int, int] = {}
+        for h in st.tiers:
+            path: list[int] = []
+            cur: int | None = h
+            while cur is not None and cur not in kept and cur in st.tiers:
+                path.append(cur)
+                cur = st.parent[cur]
+            # what the parent of path[-1] provides: everything for a root, nothing if not held
+            above = (_GPU | _HOST) if cur is None else kept.get(cur, 0)
+            for node in reversed(path):
+                t = st.tiers[node]
+                keep = (t & _HOST) | (t & _GPU if above & _GPU else 0) if above else 0
+                kept[node] = above = keep
+        pages = [(h, st.parent[h], t) for h, t in kept.items() if t]
+        self._clear_state(st)
+        for h, parent, t in pages:
+            st.tiers[h] = t
+            st.parent[h] = parent
+            self._local[h] = self._local.get(h, 0) | st.bit
+            if parent is not None:
+                st.kids_local[parent] = st.kids_local.get(parent, 0) + 1
+            if t & _GPU:
+                self._gpu[h] = self._gpu.get(h, 0) | st.bit
+                if parent is not None:
+                    st.kids_gpu[parent] = st.kids_gpu.get(parent, 0) + 1
+
+    @staticmethod
+    def _unset(masks: dict[int, int], h: int, bit: int) -> None:
+        m = masks.get(h, 0) & ~bit
+        if m:
+            masks[h] = m
+        else:
+            masks.pop(h, None)
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def match(self, page_hashes: Sequence[int], page_size: int) -> dict[str, tuple[int, int]]:
+        """Per known worker: (GPU-tier hit tokens, local-tier hit tokens) of the longest cached
+        prefix of `page_hashes`."""
+        gpu = _prefix_lengths(self._gpu, page_hashes)
+        local = _prefix_lengths(self._local, page_hashes)
+        out: dict[str, tuple[int, int]] = {}
+        for w, st in self._workers.items():
+            out[w] = (gpu.get(st.bit, 0) * page_size, local.get(st.bit, 0) * page_size)
+        return out
+
+    def stats(self, worker: str) -> WorkerIndexStats:
+        st = self._workers.get(worker)
+        if st is None:
+            return WorkerIndexStats(0, 0, 0, 0)
+        g = sum(1 for t in st.tiers.values() if t & _GPU)
+        h = sum(1 for t in st.tiers.values() if t & _HOST)
+        return WorkerIndexStats(g, h, st.rejected, st.repairs)
+
+
+def _prefix_lengths(masks: dict[int, int], hashes: Sequence[int]) -> dict[int, int]:
+    """Longest held prefix, in pages, per worker bit with a non-zero prefix.
+
+    Relies on each worker's pages being prefix-closed within `masks`, so that the set of
+    workers holding page k only shrinks as k grows; a binary search over [lo, hi] then splits
+    the candidate workers at each probe. At most (workers x log2(pages)) lookups.
+    """
+    out: dict[int, int] = {}
+    n = len(hashes)
+    if n == 0:
+        return out
+    get = masks.get
+    first = get(hashes[0], 0)
+    if not first:
+        return out
+    # (lo, hi, cand): every worker in cand holds exactly lo..hi leading pages, lo >= 1
+    stack: list[tuple[int, int, int]] = [(1, n, first)]
+    while stack:
+        lo, hi, cand = stack.pop()
+        if lo == hi:
+            _assign(out, cand, lo)
+            continue
+        mid = (lo + hi + 1) >> 1
+        above = get(hashes[mid - 1], 0) & cand
+        if above:
+            stack.append((mid, hi, above))
+        below = cand & ~above
+        if below:
+            stack.append((lo, mid - 1, below))
+    return out
+
+
+def _assign(out: dict[int, int], mask: int, pages: int) -> None:
+    while mask:
+        low = mask & -mask
+        out[low] = pages
+        mask ^= low
