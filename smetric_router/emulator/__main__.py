@@ -1,0 +1,113 @@
+"""python -m smetric_router.emulator: run one emulated SGLang worker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+
+from smetric_router.emulator.config import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MODEL_NAME,
+    DEFAULT_OPENAI_MAX_TOKENS,
+    NOTICE,
+    SGLANG_VERSION,
+    EmulatorConfig,
+)
+from smetric_router.emulator.server import make_app, start_server
+from smetric_router.engine.api import EngineConfig
+from smetric_router.engine.engine import Engine
+from smetric_router.features.chat import DEFAULT_TOKENIZER_DIR, load_codec
+
+log = logging.getLogger("smetric_router.emulator")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    d = EngineConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m smetric_router.emulator",
+        description=(
+            f"An {NOTICE}. Speaks SGLang {SGLANG_VERSION}'s HTTP API (/generate, "
+            "/v1/chat/completions, /v1/completions, /health, /server_info, /v1/loads, /metrics, "
+            f"/flush_cache) and KV-event ZMQ feed. Output length: max_new_tokens (default "
+            f"{DEFAULT_MAX_NEW_TOKENS}) on /generate, max_tokens (default "
+            f"{DEFAULT_OPENAI_MAX_TOKENS}) on the OpenAI endpoints, where a chat answer's last "
+            "token is <|im_end|>. POST /emulator/faults injects faults for tests."
+        ),
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--model-name", default=DEFAULT_MODEL_NAME)
+    p.add_argument("--tokenizer-path", default=None, help="HF tokenizer dir (default: bundled)")
+    p.add_argument("--page-size", type=int, default=d.page_size)
+    p.add_argument("--kv-events-port", type=int, default=None, help="ZMQ PUB port; off if unset")
+    p.add_argument("--kv-events-replay-port", type=int, default=None)
+    p.add_argument("--kv-events-topic", default="")
+    p.add_argument("--profile", default=d.profile, help="engine timing profile name")
+    p.add_argument("--gpu-kv-tokens", type=int, default=d.gpu_kv_tokens)
+    p.add_argument("--host-kv-tokens", type=int, default=d.host_kv_tokens)
+    p.add_argument("--speedup", type=float, default=1.0, help="model seconds per wall second")
+    p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
+    p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = p.parse_args(argv)
+    if args.speedup <= 0:
+        p.error("--speedup must be positive")
+    if args.kv_events_replay_port is not None and args.kv_events_port is None:
+        p.error("--kv-events-replay-port needs --kv-events-port")
+    return args
+
+
+def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
+    return EmulatorConfig(
+        host=args.host,
+        port=args.port,
+        model_name=args.model_name,
+        tokenizer_path=str(args.tokenizer_path or DEFAULT_TOKENIZER_DIR),
+        kv_events_port=args.kv_events_port,
+        kv_events_replay_port=args.kv_events_replay_port,
+        kv_events_topic=args.kv_events_topic,
+        speedup=args.speedup,
+        engine=EngineConfig(
+            page_size=args.page_size,
+            gpu_kv_tokens=args.gpu_kv_tokens,
+            host_kv_tokens=args.host_kv_tokens,
+            chunked_prefill_size=args.chunked_prefill_size,
+            max_running_requests=args.max_running_requests,
+            profile=args.profile,
+        ),
+    )
+
+
+async def serve(config: EmulatorConfig) -> None:
+    app = make_app(config, Engine(config.engine), load_codec(config.tokenizer_path))
+    runner = await start_server(app, config.host, config.port)
+    log.info("%s; serving http://%s:%d", NOTICE, config.host, config.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = config_from_args(args)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Fault injection for the router's failure tests (POST /emulator/faults). No fault is armed until a
+test arms one; faults apply to the generation endpoints only, so health probes keep answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Faults:
+    fail_next: int = 0  # refuse this many requests with `status` before the first byte
+    status: int = 503
+    die_mid_stream_next: int = 0  # drop the connection after the first chunk of this many
+    stall: bool = False  # accept requests and answer none until stall is cleared
+    _unstalled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._unstalled.set()
+
+    def update(self, body: dict[str, Any]) -> None:
+        """Set the faults named in body; raises ValueError (nothing changed) on a bad value."""
+        known = {"fail_next", "status", "die_mid_stream_next", "stall"}
+        unknown = set(body) - known
+        if unknown:
+            raise ValueError(f"unknown fault(s): {sorted(unknown)}")
+        for key in ("fail_next", "die_mid_stream_next"):
+            if key in body and (type(body[key]) is not int or body[key] < 0):
+                raise ValueError(f"{key} must be a non-negative integer")
+        if "status" in body and (
+            type(body["status"]) is not int or not 400 <= body["status"] < 600
+        ):
+            raise ValueError("status must be an HTTP error status (400-599)")
+        if "stall" in body and type(body["stall"]) is not bool:
+            raise ValueError("stall must be a boolean")
+        self.fail_next = body.get("fail_next", self.fail_next)
+        self.status = body.get("status", self.status)
+        self.die_mid_stream_next = body.get("die_mid_stream_next", self.die_mid_stream_next)
+        self.stall = body.get("stall", self.stall)
+        if self.stall:
+            self._unstalled.clear()
+        else:
+            self._unstalled.set()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "fail_next": self.fail_next,
+            "status": self.status,
+            "die_mid_stream_next": self.die_mid_stream_next,
+            "stall": self.stall,
+        }
+
+    def take_fail(self) -> int | None:
+        """The status to refuse this request with, or None."""
+        if self.fail_next == 0:
+            return None
+        self.fail_next -= 1
+        return self.status
+
+    def take_die(self) -> bool:
+        if self.die_mid_stream_next == 0:
+            return False
+        self.die_mid_stream_next -= 1
+        return True
+
+    async def wait_unstalled(self) -> None:
+        await self._unstalled.wait()

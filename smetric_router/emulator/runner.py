@@ -1,0 +1,214 @@
+"""Drives the engine model in real time: one asyncio task steps it, sleeps for each step's model
+time (divided by the speed-up) and hands progress to the requests waiting on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from smetric_router.core.kv_events import KVCacheEvent
+from smetric_router.engine.api import CachedTokens, EngineModel, EngineRequest
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[list[KVCacheEvent]], None]
+
+
+class DuplicateRid(ValueError):
+    pass
+
+
+class EngineFailed(RuntimeError):
+    pass
+
+
+@dataclass(slots=True)
+class Tracked:
+    """One request's progress, read by the HTTP handler that waits on `changed`."""
+
+    rid: str
+    input_ids: list[int]
+    output_ids: list[int]
+    counted: bool  # health probes stay out of the counters, as in SGLang
+    started: float = field(default_factory=time.monotonic)
+    n_out: int = 0
+    cached: CachedTokens | None = None
+    finished: bool = False
+    abort_message: str | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def done(self) -> bool:
+        return self.finished or self.abort_message is not None
+
+    @property
+    def cached_total(self) -> int:
+        return 0 if self.cached is None else self.cached.total
+
+
+@dataclass(slots=True)
+class Counters:
+    requests: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    cached_tokens: int = 0
+    cached_device: int = 0
+    cached_host: int = 0
+
+
+class EngineRunner:
+    def __init__(self, engine: EngineModel, speedup: float, publish: Publish | None) -> None:
+        if speedup <= 0:
+            raise ValueError("speedup must be positive")
+        self.engine = engine
+        self._speedup = speedup
+        self._publish = publish
+        self._tracked: dict[str, Tracked] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._step_waiter: asyncio.Future[None] | None = None
+        self.failure: BaseException | None = None
+        self.counters = Counters()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done() and self.failure is None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="emulator-engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+
+    def submit(
+        self, rid: str, input_ids: list[int], output_ids: list[int], *, counted: bool = True
+    ) -> Tracked:
+        if self.failure is not None:
+            raise EngineFailed(str(self.failure))
+        if rid in self._tracked:
+            raise DuplicateRid(f"request id {rid!r} is already in flight")
+        t = Tracked(rid, input_ids, output_ids, counted)
+        self._tracked[rid] = t
+        self.engine.add_request(EngineRequest(rid, list(input_ids), list(output_ids)))
+        if counted:
+            self.counters.requests += 1
+            self.counters.prompt_tokens += len(input_ids)
+        self._wake.set()
+        return t
+
+    def abort(self, rid: str, message: str = "Abort requested") -> bool:
+        t = self._tracked.pop(rid, None)
+        if t is None:
+            return False
+        self.engine.abort(rid)
+        if not t.done:
+            t.abort_message = message
+            t.changed.set()
+        self._emit(self.engine.drain_events())
+        return True
+
+    def abort_all(self) -> None:
+        for rid in list(self._tracked):
+            self.abort(rid)
+
+    def release(self, rid: str) -> None:
+        """The handler is done with a request: abort it if the engine still holds it."""
+        t = self._tracked.get(rid)
+        if t is not None and not t.done:
+            self.abort(rid, "client went away")
+        else:
+            self._tracked.pop(rid, None)
+
+    async def flush(self, timeout: float) -> bool:
+        """Flush the cache once the engine is idle, waiting up to `timeout` seconds for that."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.engine.flush():
+                self._emit(self.engine.drain_events())
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+
+    async def next_step(self) -> None:
+        """Returns once the engine completes its next step."""
+        if self._step_waiter is None:
+            self._step_waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._step_waiter)
+
+    def _emit(self, events: list[KVCacheEvent]) -> None:
+        if events and self._publish is not None:
+            self._publish(events)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            target = loop.time()
+            while True:
+                if not self.engine.has_work():
+                    self._wake.clear()
+                    await self._wake.wait()
+                    target = loop.time()
+                    continue
+                result = self.engine.step()
+                # Sleep to the step's end in model time; lag (a busy event loop) is dropped, not
+                # caught up, so a slow client never sees a burst of catch-up steps.
+                target = max(target + result.duration / self._speedup, loop.time())
+                await asyncio.sleep(target - loop.time())
+                self._deliver(result.scheduled, result.emitted, result.finished)
+                self._emit(result.kv_events)
+                if self._step_waiter is not None:
+                    self._step_waiter.set_result(None)
+                    self._step_waiter = None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("engine loop failed; failing every request in flight")
+            self.failure = exc
+            for t in self._tracked.values():
+                if not t.done:
+                    t.abort_message = f"engine failed: {exc}"
+                    t.changed.set()
+
+    def _deliver(
+        self,
+        scheduled: list[tuple[str, CachedTokens]],
+        emitted: list[tuple[str, int]],
+        finished: list[str],
+    ) -> None:
+        c = self.counters
+        for rid, cached in scheduled:
+            t = self._tracked.get(rid)
+            if t is None:
+                continue
+            t.cached = cached
+            if t.counted:
+                c.cached_tokens += cached.total
+                c.cached_device += cached.device
+                c.cached_host += cached.host
+            t.changed.set()
+        for rid, n in emitted:
+            t = self._tracked.get(rid)
+            if t is None:
+                continue
+            t.n_out = min(t.n_out + n, len(t.output_ids))
+            if t.counted:
+                c.generation_tokens += n
+            t.changed.set()
+        for rid in finished:
+            t = self._tracked.get(rid)
+            if t is None:
+                continue
+            t.n_out = len(t.output_ids)
+            t.finished = True
+            t.changed.set()

@@ -1,0 +1,611 @@
+"""The emulated worker's aiohttp app: SGLang 0.5.23's HTTP surface over an engine model.
+
+Generation endpoints share one path: parse -> synthetic answer -> submit to the runner -> stream
+progress (one SSE chunk per engine step that advanced the request) or wait for the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timezone
+from typing import Any, cast
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from smetric_router.cluster.publisher import KvEventPublisher
+from smetric_router.core.kv_events import AnyEvent, KVCacheEvent
+from smetric_router.emulator.answer import Answer, make_answer
+from smetric_router.emulator.config import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_OPENAI_MAX_TOKENS,
+    NOTICE,
+    SGLANG_VERSION,
+    EmulatorConfig,
+)
+from smetric_router.emulator.faults import Faults
+from smetric_router.emulator.metrics import make_registry
+from smetric_router.emulator.runner import DuplicateRid, EngineFailed, EngineRunner, Tracked
+from smetric_router.engine.api import EngineModel
+from smetric_router.features.chat import ChatCodec
+
+log = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT's default
+GENERATION_PATHS = frozenset({"/generate", "/v1/chat/completions", "/v1/completions"})
+_DIE_KEY = web.RequestKey("emulator_die_mid_stream", bool)
+Json = dict[str, Any]
+
+
+class Emulator:
+    """Everything one worker process holds; lives on the app under EMULATOR."""
+
+    def __init__(self, config: EmulatorConfig, engine: EngineModel, codec: ChatCodec) -> None:
+        self.config = config
+        self.codec = codec
+        self.runner = EngineRunner(engine, config.speedup, self._publish)
+        self.faults = Faults()
+        self.registry = make_registry(self.runner, config.model_name)
+        self.started = time.time()
+        self._publisher: KvEventPublisher | None = None
+
+    def _publish(self, events: list[KVCacheEvent]) -> None:
+        if self._publisher is not None:
+            # The engine types events by their base class; every one is a member of AnyEvent.
+            self._publisher.publish(cast("list[AnyEvent]", events))
+
+    async def start(self) -> None:
+        endpoint = self.config.kv_events_endpoint
+        if endpoint is not None:
+            self._publisher = KvEventPublisher(
+                endpoint, self.config.kv_events_replay_endpoint, topic=self.config.kv_events_topic
+            )
+        self.runner.start()
+        log.info("%s; kv events: %s", NOTICE, endpoint or "off")
+
+    async def stop(self) -> None:
+        await self.runner.stop()
+        if self._publisher is not None:
+            self._publisher.close()
+            self._publisher = None
+
+
+EMULATOR = web.AppKey("emulator", Emulator)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _json(obj: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+
+
+def _openai_error(message: str, status: int, err_type: str = "BadRequestError") -> web.Response:
+    body = {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+    return _json(body, status)
+
+
+class _BadRequest(ValueError):
+    pass
+
+
+async def _body(request: web.Request) -> Json:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise _BadRequest(f"malformed JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise _BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _positive_int(value: object, name: str, default: int) -> int:
+    if value is None:
+        return default
+    if type(value) is not int or value < 1:
+        raise _BadRequest(f"{name} must be a positive integer")
+    return value
+
+
+def _token_ids(value: object, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(type(i) is int and i >= 0 for i in value):
+        raise _BadRequest(f"{name} must be a list of token ids")
+    if not value:
+        raise _BadRequest(f"{name} is empty")
+    return value
+
+
+async def _progress(t: Tracked) -> AsyncIterator[None]:
+    """Yields whenever the request gained output or ended; several steps between two reads of a
+    slow client coalesce into one."""
+    sent = -1
+    while True:
+        await t.changed.wait()
+        t.changed.clear()
+        if t.done or t.n_out > sent:
+            sent = t.n_out
+            yield
+            if t.done:
+                return
+
+
+async def _finished(t: Tracked) -> None:
+    async for _ in _progress(t):
+        pass
+
+
+def _drop_connection(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.abort()
+
+
+async def _sse(request: web.Request, events: AsyncIterator[Json]) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    die = request.get(_DIE_KEY, False)
+    async for ev in events:
+        await resp.write(b"data: " + orjson.dumps(ev) + b"\n\n")
+        if die:
+            _drop_connection(request)
+            return resp
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+def _cached_details(t: Tracked) -> Json:
+    c = t.cached
+    if c is None:
+        return {"device": 0, "host": 0}
+    d: Json = {"device": c.device, "host": c.host}
+    if c.storage:
+        d["storage"] = c.storage
+    return d
+
+
+def _finish_reason(t: Tracked, answer: Answer) -> Json | None:
+    if t.abort_message is not None:
+        return {"type": "abort", "message": t.abort_message}
+    if not t.finished:
+        return None
+    if answer.matched_stop is None:
+        return {"type": "length", "length": t.n_out}
+    return {"type": "stop", "matched": answer.matched_stop}
+
+
+def _openai_finish(t: Tracked, answer: Answer) -> str | None:
+    reason = _finish_reason(t, answer)
+    return None if reason is None else str(reason["type"])
+
+
+def _usage(t: Tracked) -> Json:
+    prompt = len(t.input_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": t.n_out,
+        "total_tokens": prompt + t.n_out,
+        "prompt_tokens_details": {"cached_tokens": t.cached_total},
+        "reasoning_tokens": 0,
+    }
+
+
+# --- fault injection ----------------------------------------------------------------------------
+
+
+@web.middleware
+async def _fault_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    if request.path not in GENERATION_PATHS:
+        return await handler(request)
+    faults = request.app[EMULATOR].faults
+    status = faults.take_fail()
+    if status is not None:
+        return _openai_error("injected fault: request refused", status, "ServiceUnavailable")
+    await faults.wait_unstalled()
+    request[_DIE_KEY] = faults.take_die()
+    return await handler(request)
+
+
+async def faults_handler(request: web.Request) -> web.Response:
+    faults = request.app[EMULATOR].faults
+    if request.method == "POST":
+        try:
+            faults.update(await _body(request))
+        except ValueError as exc:
+            return _openai_error(str(exc), 400)
+    return _json(faults.state())
+
+
+# --- generation ---------------------------------------------------------------------------------
+
+
+class _Submission:
+    """A parsed generation request, submitted to the runner; released when the handler ends."""
+
+    def __init__(
+        self, em: Emulator, prompt: list[int], max_tokens: int, user_rid: object, end_turn: bool
+    ) -> None:
+        if user_rid is not None and not isinstance(user_rid, str):
+            raise _BadRequest("rid must be a string")
+        self.rid = user_rid or uuid.uuid4().hex
+        self.answer = make_answer(em.codec, prompt, max_tokens, user_rid, end_turn)
+        self.created = int(time.time())
+        try:
+            self.t = em.runner.submit(self.rid, prompt, self.answer.output_ids)
+        except DuplicateRid as exc:
+            raise _BadRequest(str(exc)) from exc
+
+
+async def _run(
+    request: web.Request,
+    sub: _Submission,
+    stream: bool,
+    chunks: Callable[[], AsyncIterator[Json]],
+    whole: Callable[[], Json],
+) -> web.StreamResponse:
+    runner = request.app[EMULATOR].runner
+    try:
+        if stream:
+            return await _sse(request, chunks())
+        if request.get(_DIE_KEY, False):
+            _drop_connection(request)
+            return web.Response()
+        await _finished(sub.t)
+        return _json(whole())
+    finally:
+        runner.release(sub.rid)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    em = request.app[EMULATOR]
+    try:
+        body = await _body(request)
+        text, ids = body.get("text"), body.get("input_ids")
+        if (text is None) == (ids is None):
+            raise _BadRequest("Either text or input_ids should be provided.")
+        if text is not None and not isinstance(text, str):
+            raise _BadRequest("the emulator serves one prompt per request: text must be a string")
+        prompt = em.codec.encode(text) if isinstance(text, str) else _token_ids(ids, "input_ids")
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise _BadRequest("sampling_params must be an object")
+        n = _positive_int(params.get("max_new_tokens"), "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+        sub = _Submission(em, prompt, n, body.get("rid"), end_turn=False)
+    except _BadRequest as exc:
+        return _json({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
+    except EngineFailed as exc:
+        return _json({"error": {"message": str(exc)}}, 503)
+    t, answer = sub.t, sub.answer
+
+    def chunk() -> Json:
+        meta: Json = {
+            "id": t.rid,
+            "finish_reason": _finish_reason(t, answer),
+            "prompt_tokens": len(t.input_ids),
+            "completion_tokens": t.n_out,
+            "cached_tokens": t.cached_total,
+            "reasoning_tokens": 0,
+            "weight_version": "default",
+            "num_retractions": 0,
+        }
+        if t.cached_total:
+            meta["cached_tokens_details"] = _cached_details(t)
+        if t.done:
+            meta["e2e_latency"] = time.monotonic() - t.started
+        text = answer.text_at(em.codec, t.n_out)
+        return {"text": text, "output_ids": t.output_ids[: t.n_out], "meta_info": meta}
+
+    async def chunks() -> AsyncIterator[Json]:
+        async for _ in _progress(t):
+            yield chunk()
+
+    return await _run(request, sub, bool(body.get("stream")), chunks, chunk)
+
+
+def _openai_common(em: Emulator, body: Json) -> tuple[int, bool, bool]:
+    model = body.get("model")
+    if model is not None and model not in (em.config.model_name, em.config.tokenizer_path):
+        raise LookupError(f"The model `{model}` does not exist.")
+    if body.get("n") not in (None, 1):
+        raise _BadRequest("the emulator answers with one choice (n must be 1)")
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+    n = _positive_int(max_tokens, "max_tokens", DEFAULT_OPENAI_MAX_TOKENS)
+    options = body.get("stream_options") or {}
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    return n, bool(body.get("stream")), include_usage
+
+
+async def _openai(
+    request: web.Request,
+    parse_prompt: Callable[[Emulator, Json], list[int]],
+    chat: bool,
+) -> web.StreamResponse:
+    em = request.app[EMULATOR]
+    try:
+        body = await _body(request)
+        n, stream, include_usage = _openai_common(em, body)
+        sub = _Submission(em, parse_prompt(em, body), n, body.get("rid"), end_turn=chat)
+    except LookupError as exc:
+        return _openai_error(str(exc), 404, "NotFoundError")
+    except _BadRequest as exc:
+        return _openai_error(str(exc), 400)
+    except EngineFailed as exc:
+        return _openai_error(str(exc), 503, "ServiceUnavailable")
+    t, answer = sub.t, sub.answer
+    details = bool(body.get("return_cached_tokens_details"))
+    kind = "chat.completion" if chat else "text_completion"
+    head = {"id": sub.rid, "created": sub.created, "model": em.config.model_name}
+
+    def with_ext(obj: Json) -> Json:
+        if details:
+            obj["sglext"] = {"cached_tokens_details": _cached_details(t)}
+        return obj
+
+    def choice(text: str, delta: bool) -> Json:
+        c: Json = {"index": 0}
+        if chat:
+            c["delta" if delta else "message"] = {"role": "assistant", "content": text}
+        else:
+            c["text"] = text
+        c["logprobs"] = None
+        c["finish_reason"] = _openai_finish(t, answer)
+        c["matched_stop"] = answer.matched_stop if t.finished else None
+        return c
+
+    def whole() -> Json:
+        obj = {
+            **head,
+            "object": kind,
+            "choices": [choice(answer.text_at(em.codec, t.n_out), False)],
+        }
+        obj["usage"] = _usage(t)
+        return with_ext(obj)
+
+    async def chunks() -> AsyncIterator[Json]:
+        sent = ""
+        chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+        async for _ in _progress(t):
+            text = answer.text_at(em.codec, t.n_out)
+            delta, sent = text[len(sent) :], text
+            yield {**head, "object": chunk_kind, "choices": [choice(delta, True)]}
+        if include_usage:
+            yield with_ext({**head, "object": chunk_kind, "choices": [], "usage": _usage(t)})
+
+    return await _run(request, sub, stream, chunks, whole)
+
+
+def _chat_prompt(em: Emulator, body: Json) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _BadRequest("messages must be a non-empty list")
+    try:
+        return em.codec.render_messages(messages, True)
+    except ValueError as exc:  # FeatureError
+        raise _BadRequest(f"cannot render messages: {exc}") from exc
+
+
+def _completion_prompt(em: Emulator, body: Json) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _BadRequest("prompt is empty")
+        return em.codec.encode(prompt)
+    return _token_ids(prompt, "prompt")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _openai(request, _chat_prompt, chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _openai(request, _completion_prompt, chat=False)
+
+
+# --- health, info, admin ------------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    """SGLang's health_generate: a one-token probe through the engine; any engine step finishing
+    meanwhile also proves it alive (SGLang's last-receive rule), so a busy worker stays healthy."""
+    em = request.app[EMULATOR]
+    if not em.runner.running:
+        return web.Response(status=503)
+    rid = f"HEALTH_CHECK_{uuid.uuid4().hex}"
+    probe = em.runner.submit(rid, [0], [em.codec.im_end_id], counted=False)
+    waits = [asyncio.ensure_future(_finished(probe)), asyncio.ensure_future(em.runner.next_step())]
+    try:
+        done, _ = await asyncio.wait(
+            waits, timeout=HEALTH_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        for w in waits:
+            w.cancel()
+        em.runner.release(rid)
+    return web.Response(status=200 if done and em.runner.running else 503)
+
+
+async def ready(request: web.Request) -> web.Response:
+    return web.Response(status=200 if request.app[EMULATOR].runner.running else 503)
+
+
+def _server_info(em: Emulator) -> Json:
+    cfg, ecfg = em.config, em.config.engine
+    load = em.runner.engine.load()
+    kv = cfg.kv_events_descriptor()
+    kv_config = None
+    if cfg.kv_events_endpoint is not None:
+        kv_config = json.dumps(
+            {
+                "publisher": "zmq",
+                "endpoint": cfg.kv_events_endpoint,
+                "replay_endpoint": cfg.kv_events_replay_endpoint,
+                "topic": cfg.kv_events_topic,
+            }
+        )
+    return {
+        "emulated": True,
+        "emulator_notice": NOTICE,
+        "model_path": cfg.model_name,
+        "served_model_name": cfg.model_name,
+        "tokenizer_path": cfg.tokenizer_path,
+        "host": cfg.host,
+        "port": cfg.port,
+        "page_size": ecfg.page_size,
+        "chunked_prefill_size": ecfg.chunked_prefill_size,
+        "max_running_requests": ecfg.max_running_requests,
+        "max_total_num_tokens": load.max_total_num_tokens,
+        "max_req_input_len": load.max_total_num_tokens,
+        "enable_hierarchical_cache": ecfg.host_kv_tokens > 0,
+        "hicache_host_kv_tokens": ecfg.host_kv_tokens,
+        "emulator_profile": ecfg.profile,
+        "emulator_speedup": cfg.speedup,
+        "tp_size": 1,
+        "dp_size": 1,
+        "disaggregation_mode": "null",
+        "enable_cache_report": True,
+        "kv_events_config": kv_config,
+        "kv_events": kv,
+        "internal_states": [{"last_gen_throughput": load.gen_throughput}],
+        "version": SGLANG_VERSION,
+        "startup_time": em.started,
+    }
+
+
+async def server_info(request: web.Request) -> web.Response:
+    return _json(_server_info(request.app[EMULATOR]))
+
+
+async def model_info(request: web.Request) -> web.Response:
+    cfg = request.app[EMULATOR].config
+    return _json(
+        {
+            "model_path": cfg.model_name,
+            "served_model_name": cfg.model_name,
+            "tokenizer_path": cfg.tokenizer_path,
+            "is_generation": True,
+            "disaggregation_mode": "null",
+            "weight_version": "default",
+            "emulated": True,
+            "emulator_notice": NOTICE,
+        }
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    em = request.app[EMULATOR]
+    card = {
+        "id": em.config.model_name,
+        "object": "model",
+        "created": int(em.started),
+        "owned_by": "sglang-emulator",
+        "root": em.config.model_name,
+        "max_model_len": em.runner.engine.load().max_total_num_tokens,
+    }
+    return _json({"object": "list", "data": [card]})
+
+
+async def loads(request: web.Request) -> web.Response:
+    em = request.app[EMULATOR]
+    rank = request.query.get("dp_rank")
+    if rank not in (None, "0"):
+        return _json({"detail": f"dp_rank {rank} does not exist (dp_size is 1)"}, 400)
+    entry = {"dp_rank": 0, **dataclasses.asdict(em.runner.engine.load())}
+    if request.query.get("format") == "prometheus":
+        lines = []
+        for key, value in entry.items():
+            if key != "dp_rank":
+                lines += [f"# TYPE sglang_{key} gauge", f'sglang_{key}{{dp_rank="0"}} {value}']
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+    return _json(
+        {
+            "timestamp": datetime.now(timezone.utc).isoformat(),
+            "version": SGLANG_VERSION,
+            "accelerator": "emulated",
+            "num_accelerators": 1,
+            "loads": [entry],
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[EMULATOR].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    try:
+        timeout = float(request.query.get("timeout", "0"))
+    except ValueError:
+        return web.Response(status=400, text="timeout must be a number of seconds\n")
+    if await request.app[EMULATOR].runner.flush(timeout):
+        return web.Response(text="Cache flushed.\n")
+    return web.Response(status=400, text="Cache not flushed: requests are running or waiting.\n")
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    runner = request.app[EMULATOR].runner
+    try:
+        body = await _body(request)
+    except _BadRequest as exc:
+        return web.Response(status=400, text=str(exc))
+    if body.get("abort_all"):
+        runner.abort_all()
+    elif isinstance(body.get("rid"), str):
+        runner.abort(body["rid"])
+    return web.Response()
+
+
+def make_app(config: EmulatorConfig, engine: EngineModel, codec: ChatCodec) -> web.Application:
+    app = web.Application(middlewares=[_fault_middleware], client_max_size=64 * 1024**2)
+    em = Emulator(config, engine, codec)
+    app[EMULATOR] = em
+
+    async def lifecycle(_app: web.Application) -> AsyncIterator[None]:
+        await em.start()
+        yield
+        await em.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    r = app.router
+    for method in ("POST", "PUT"):
+        r.add_route(method, "/generate", generate)
+    r.add_post("/v1/chat/completions", chat_completions)
+    r.add_post("/v1/completions", completions)
+    for path in ("/health", "/health_generate"):
+        r.add_get(path, health)
+    r.add_get("/ready", ready)
+    for path in ("/server_info", "/get_server_info"):
+        r.add_get(path, server_info)
+    for path in ("/model_info", "/get_model_info"):
+        r.add_get(path, model_info)
+    r.add_get("/v1/models", models)
+    r.add_get("/v1/loads", loads)
+    r.add_get("/metrics", metrics)
+    r.add_get("/flush_cache", flush_cache)
+    r.add_post("/flush_cache", flush_cache)
+    r.add_post("/abort_request", abort_request)
+    r.add_get("/emulator/faults", faults_handler)
+    r.add_post("/emulator/faults", faults_handler)
+    return app
+
+
+async def start_server(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Serve app on host:port; a client that goes away cancels its handler (and so its request)."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

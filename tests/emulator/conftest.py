@@ -1,0 +1,79 @@
+"""An emulated worker served in-process on free ports, with a client session."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from smetric_router.emulator.config import EmulatorConfig
+from smetric_router.emulator.server import make_app, start_server
+from smetric_router.engine.api import EngineConfig
+from smetric_router.features.chat import DEFAULT_TOKENIZER_DIR, ChatCodec, load_codec
+from tests.emulator.fake_engine import FakeEngine
+
+MODEL = "emu-test"
+PAGE = 16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Worker:
+    url: str
+    http: aiohttp.ClientSession
+    config: EmulatorConfig
+    codec: ChatCodec
+
+    async def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        async with self.http.post(self.url + path, json=body) as r:
+            raw = await r.read()
+            ctype = r.headers.get("Content-Type", "")
+            return r.status, orjson.loads(raw) if "json" in ctype else raw.decode()
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with self.http.get(self.url + path) as r:
+            raw = await r.read()
+            ctype = r.headers.get("Content-Type", "")
+            return r.status, orjson.loads(raw) if "json" in ctype else raw.decode()
+
+    async def sse(self, path: str, body: dict[str, Any]) -> list[Any]:
+        """Every `data:` event of a streamed response, [DONE] included as the string."""
+        events: list[Any] = []
+        async with self.http.post(self.url + path, json=body) as r:
+            assert r.status == 200, await r.text()
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            async for line in r.content:
+                if line.startswith(b"data: "):
+                    data = line[6:].strip()
+                    events.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+        return events
+
+
+@pytest.fixture
+async def worker() -> AsyncIterator[Worker]:
+    config = EmulatorConfig(
+        host="127.0.0.1",
+        port=free_port(),
+        model_name=MODEL,
+        tokenizer_path=str(DEFAULT_TOKENIZER_DIR),
+        kv_events_port=free_port(),
+        kv_events_replay_port=free_port(),
+        speedup=4.0,
+        engine=EngineConfig(page_size=PAGE, gpu_kv_tokens=1 << 16),
+    )
+    codec = load_codec()
+    app = make_app(config, FakeEngine(config.engine), codec)
+    runner = await start_server(app, config.host, config.port)
+    async with aiohttp.ClientSession() as http:
+        yield Worker(f"http://{config.host}:{config.port}", http, config, codec)
+    await runner.cleanup()
