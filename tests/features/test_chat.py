@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ def test_special_tokens_and_round_trip(codec: ChatCodec) -> None:
 
 
 def test_render_is_concatenation_of_pieces(codec: ChatCodec) -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are terse."},
         {
             "role": "user",

@@ -1,0 +1,302 @@
+"""RequestFeatures from OpenAI chat, OpenAI completions and SGLang /generate bodies.
+
+Chat requests carry their history, so turn and est_hit are counted from the messages and a
+follow-up costs only its new messages: token runs are cached per message, and the page-hash
+chain state is cached per rendered message prefix, so the next turn extends the previous turn's
+chain (page boundaries cross message boundaries: the state keeps the trailing partial page).
+Raw prompts carry a turn only as a client hint (header or body field); without one, turn is None
+and policies infer it from the cluster view (policies/turn.py).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from smetric_router.core.types import RequestFeatures
+from smetric_router.features.chat import ChatCodec, content_text, message_role
+from smetric_router.features.errors import FeatureError
+from smetric_router.features.hashing import ChainState, as_u32
+
+TURN_HEADER = "x-smetric-turn"
+HISTORY_HEADER = "x-smetric-history-tokens"
+HINT_FIELD = "smetric"
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Lru(Generic[K, V]):
+    def __init__(self, capacity: int) -> None:
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._capacity = capacity
+
+    def get(self, key: K) -> V | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        if len(self._data) > self._capacity:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+@dataclass(frozen=True, slots=True)
+class _Prefix:
+    """The page-hash chain after a rendered message prefix. Hashes are stored once, as the
+    segment each message completes, linked to the parent prefix: memory per conversation stays
+    linear in its pages however many of its prefixes are cached."""
+
+    chain: ChainState
+    segment: array[int]  # signed int64 block hashes of the pages this message completed
+    parent: _Prefix | None
+
+    def page_hashes(self) -> array[int]:
+        segments = []
+        node: _Prefix | None = self
+        while node is not None:
+            segments.append(node.segment)
+            node = node.parent
+        out: array[int] = array("q")
+        for segment in reversed(segments):
+            out.extend(segment)
+        return out
+
+
+def strip_hint(body: dict[str, Any]) -> bool:
+    """Remove the router-only hint field from a body before forwarding; True if there was one."""
+    if HINT_FIELD not in body:
+        return False
+    del body[HINT_FIELD]
+    return True
+
+
+class FeatureExtractor:
+    """Computes RequestFeatures for one page size. Not thread-safe (one per event loop).
+
+    cache_entries bounds each LRU cache (token runs per message; chain states per prefix).
+    keep_text=False skips building RequestFeatures.text, which only `cache_aware` reads.
+    RequestFeatures.page_hashes is an array('q') of signed int64 block hashes (do not mutate).
+    """
+
+    def __init__(
+        self,
+        codec: ChatCodec,
+        page_size: int = 16,
+        cache_entries: int = 4096,
+        keep_text: bool = True,
+    ) -> None:
+        if page_size <= 0:
+            raise ValueError(f"page_size must be > 0, got {page_size}")
+        if cache_entries <= 0:
+            raise ValueError(f"cache_entries must be > 0, got {cache_entries}")
+        self.codec = codec
+        self.page_size = page_size
+        self.keep_text = keep_text
+        self._runs: _Lru[tuple[str, str], array[int]] = _Lru(cache_entries)
+        self._prefixes: _Lru[int, _Prefix] = _Lru(cache_entries)
+        self._root = _Prefix(ChainState(page_size), array("q"), None)
+        self._newline_len = len(codec.encode("\n"))
+        self._generation_prompt = as_u32(codec.generation_prompt)
+
+    # -- chat -------------------------------------------------------------------------------
+
+    def from_chat(self, body: Mapping[str, Any]) -> RequestFeatures:
+        """turn = assistant messages; est_hit = rendered tokens through the last assistant
+        message's <|im_end|> (what the worker that produced it cached), 0 on turn 0."""
+        messages = _messages(body)
+        prefix = self._root
+        key = 0
+        turn = 0
+        est_hit = 0
+        texts: list[str] = []
+        for i, message in enumerate(messages):
+            role = message_role(message, i)
+            text = content_text(message, i)
+            # Python's str hash is a keyed 64-bit SipHash: a rolling digest of the prefix that
+            # costs one pass over each new string (an exact key would compare all history).
+            key = hash((key, role, text))
+            node = self._prefixes.get(key)
+            if node is None:
+                chain, new = prefix.chain.extend(self._run(role, text))
+                node = _Prefix(chain, array("q", new), prefix)
+                self._prefixes.put(key, node)
+            prefix = node
+            if role == "assistant":
+                turn += 1
+                est_hit = node.chain.tokens - self._newline_len
+            if self.keep_text:
+                texts.append(text)
+        final, tail = prefix.chain.extend(self._generation_prompt)
+        hashes = prefix.page_hashes()
+        hashes.extend(tail)
+        return RequestFeatures(
+            prompt_len=final.tokens,
+            page_hashes=hashes,
+            page_size=self.page_size,
+            turn=turn,
+            est_hit=est_hit,
+            text="".join(texts),
+            model=_model(body),
+        )
+
+    def _run(self, role: str, text: str) -> array[int]:
+        run = self._runs.get((role, text))
+        if run is None:
+            run = as_u32(self.codec.render_text(role, text))
+            self._runs.put((role, text), run)
+        return run
+
+    # -- raw prompts ------------------------------------------------------------------------
+
+    def from_completion(
+        self, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> RequestFeatures:
+        """/v1/completions: prompt is a string, token ids, or a batch of either; a batch is routed
+        by its first prompt (the whole request goes to one worker)."""
+        text, ids = _completion_prompt(body)
+        return self._raw(body, headers, text, ids)
+
+    def from_generate(
+        self, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> RequestFeatures:
+        """SGLang /generate: text or input_ids, single or batched; a batch is routed by its first
+        input (the whole request goes to one worker)."""
+        text, ids = _generate_prompt(body)
+        return self._raw(body, headers, text, ids)
+
+    def _raw(
+        self,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str] | None,
+        text: str | None,
+        ids: Sequence[int] | None,
+    ) -> RequestFeatures:
+        turn, history = _hint(body, headers)
+        tokens = as_u32(self.codec.encode(text) if text is not None else ids or [])
+        _, hashes = ChainState(self.page_size).extend(tokens)
+        return RequestFeatures(
+            prompt_len=len(tokens),
+            page_hashes=array("q", hashes),
+            page_size=self.page_size,
+            turn=turn,
+            est_hit=history,
+            text=(text or "") if self.keep_text else "",
+            model=_model(body),
+        )
+
+    # -- full token ids ---------------------------------------------------------------------
+
+    def prompt_token_ids(self, body: Mapping[str, Any]) -> list[int]:
+        """The prompt's token ids for any of the three body kinds, told apart by their fields."""
+        if "messages" in body:
+            return self.codec.render_messages(_messages(body), add_generation_prompt=True)
+        if "prompt" in body:
+            text, ids = _completion_prompt(body)
+        else:
+            text, ids = _generate_prompt(body)
+        return self.codec.encode(text) if text is not None else list(ids or [])
+
+
+# -- body parsing ---------------------------------------------------------------------------
+
+
+def _messages(body: Mapping[str, Any]) -> list[Any]:
+    if "messages" not in body:
+        raise FeatureError("Missing required parameter: 'messages'.")
+    messages = body["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise FeatureError("Invalid 'messages': expected a non-empty array of message objects.")
+    return messages
+
+
+def _model(body: Mapping[str, Any]) -> str | None:
+    model = body.get("model")
+    return model if isinstance(model, str) else None
+
+
+def _completion_prompt(body: Mapping[str, Any]) -> tuple[str | None, list[int] | None]:
+    if "prompt" not in body:
+        raise FeatureError("Missing required parameter: 'prompt'.")
+    return _prompt(body["prompt"], "prompt")
+
+
+def _generate_prompt(body: Mapping[str, Any]) -> tuple[str | None, list[int] | None]:
+    has_text = body.get("text") is not None
+    has_ids = body.get("input_ids") is not None
+    if has_text == has_ids:
+        if body.get("input_embeds") is not None:
+            raise FeatureError(
+                "'input_embeds' requests cannot be routed: send 'text' or 'input_ids'."
+            )
+        raise FeatureError("Exactly one of 'text' or 'input_ids' is required.")
+    if has_text:
+        text, _ = _prompt(body["text"], "text", allow_ids=False)
+        return text, None
+    _, ids = _prompt(body["input_ids"], "input_ids", allow_text=False)
+    return None, ids
+
+
+def _prompt(
+    value: object, field: str, allow_text: bool = True, allow_ids: bool = True
+) -> tuple[str | None, list[int] | None]:
+    """A single prompt, or the first of a batch."""
+    if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+        value = value[0]
+        field += "[0]"
+    if allow_text and isinstance(value, str):
+        return value, None
+    if allow_ids and isinstance(value, list) and value and all(_is_token(t) for t in value):
+        return None, value
+    kinds = [k for k, ok in (("a string", allow_text), ("an array of token ids", allow_ids)) if ok]
+    raise FeatureError(f"Invalid type for '{field}': expected {' or '.join(kinds)} (or a batch).")
+
+
+def _is_token(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32
+
+
+def _hint(body: Mapping[str, Any], headers: Mapping[str, str] | None) -> tuple[int | None, int]:
+    """(turn, history tokens) from the body's "smetric" field, else from the headers."""
+    hint = body.get(HINT_FIELD)
+    if hint is not None:
+        if not isinstance(hint, dict):
+            raise FeatureError(f"Invalid type for '{HINT_FIELD}': expected an object.")
+        turn = _count(hint.get("turn"), f"{HINT_FIELD}.turn")
+        history = _count(hint.get("history_tokens"), f"{HINT_FIELD}.history_tokens")
+    else:
+        turn = _count(_header(headers, TURN_HEADER), TURN_HEADER)
+        history = _count(_header(headers, HISTORY_HEADER), HISTORY_HEADER)
+    return turn, history or 0
+
+
+def _header(headers: Mapping[str, str] | None, name: str) -> str | None:
+    if not headers:
+        return None
+    value = headers.get(name)
+    if value is None:
+        # plain dicts are case-sensitive; HTTP header names are not
+        value = next((v for k, v in headers.items() if k.lower() == name), None)
+    return value
+
+
+def _count(value: object, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise FeatureError(f"Invalid '{field}': expected a non-negative integer.") from None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise FeatureError(f"Invalid '{field}': expected a non-negative integer.")
+    return value
