@@ -1,0 +1,149 @@
+"""/v1/chat/completions and /v1/completions: OpenAI shapes, and a follow-up turn hits the cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+from tests.emulator.conftest import MODEL, PAGE, Worker
+
+
+def _chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": messages, **extra}
+
+
+async def test_chat_completion_shape(worker: Worker) -> None:
+    messages = [{"role": "user", "content": "hello there, emulator"}]
+    status, out = await worker.post("/v1/chat/completions", _chat(messages, max_tokens=10))
+    assert status == 200, out
+    assert out["object"] == "chat.completion" and out["model"] == MODEL
+    assert out["id"] and isinstance(out["created"], int)
+    (choice,) = out["choices"]
+    assert choice["finish_reason"] == "stop"
+    assert choice["matched_stop"] == worker.codec.im_end_id
+    assert choice["message"]["role"] == "assistant"
+    # 10 tokens in all: 9 of text and the end of the turn
+    assert len(worker.codec.encode(choice["message"]["content"])) == 9
+    usage = out["usage"]
+    prompt = worker.codec.render_messages(messages, add_generation_prompt=True)
+    assert usage["prompt_tokens"] == len(prompt)
+    assert usage["completion_tokens"] == 10
+    assert usage["total_tokens"] == len(prompt) + 10
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert "sglext" not in out
+
+
+async def test_chat_default_length(worker: Worker) -> None:
+    _, out = await worker.post("/v1/chat/completions", _chat([{"role": "user", "content": "x"}]))
+    assert out["usage"]["completion_tokens"] == 64
+
+
+async def test_follow_up_turn_hits_the_history(worker: Worker) -> None:
+    """Turn 2 carries turn 1's answer: every full page of the history is served from cache."""
+    turn1 = [
+        {"role": "system", "content": "You are a careful coding agent. " * 8},
+        {"role": "user", "content": "List the files in the repository."},
+    ]
+    _, out1 = await worker.post("/v1/chat/completions", _chat(turn1, max_tokens=30))
+    answer = out1["choices"][0]["message"]["content"]
+    turn2 = [*turn1, {"role": "assistant", "content": answer},
+             {"role": "user", "content": "Now open the README."}]  # fmt: skip
+    status, out2 = await worker.post(
+        "/v1/chat/completions", _chat(turn2, max_tokens=5, return_cached_tokens_details=True)
+    )
+    assert status == 200, out2
+    prompt1 = worker.codec.render_messages(turn1, add_generation_prompt=True)
+    history = len(prompt1) + 30  # prompt, answer text, im_end
+    cached = out2["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached % PAGE == 0
+    assert cached >= (history - 1) // PAGE * PAGE  # the last token's KV is never computed
+    assert out2["sglext"]["cached_tokens_details"] == {"device": cached, "host": 0}
+
+
+async def test_chat_stream_with_usage(worker: Worker) -> None:
+    messages = [{"role": "user", "content": "stream me something"}]
+    body = _chat(messages, max_tokens=12, stream=True, stream_options={"include_usage": True},
+                 return_cached_tokens_details=True)  # fmt: skip
+    events = await worker.sse("/v1/chat/completions", body)
+    assert events[-1] == "[DONE]"
+    *chunks, usage_chunk = events[:-1]
+    assert len(chunks) > 1
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len({c["id"] for c in events[:-1]}) == 1
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    text = "".join(c["choices"][0]["delta"]["content"] for c in chunks)
+    assert len(worker.codec.encode(text)) == 11
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"]["completion_tokens"] == 12
+    assert usage_chunk["sglext"]["cached_tokens_details"] == {"device": 0, "host": 0}
+    # the same request, not streamed, answers the same text
+    _, whole = await worker.post("/v1/chat/completions", _chat(messages, max_tokens=12))
+    assert whole["choices"][0]["message"]["content"] == text
+
+
+async def test_completions_stream_and_not(worker: Worker) -> None:
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 7}
+    status, out = await worker.post("/v1/completions", body)
+    assert status == 200, out
+    assert out["object"] == "text_completion"
+    (choice,) = out["choices"]
+    assert choice["finish_reason"] == "length"
+    assert len(worker.codec.encode(choice["text"])) == 7
+    assert out["usage"]["prompt_tokens"] == len(worker.codec.encode("Once upon a time"))
+    events = await worker.sse("/v1/completions", {**body, "stream": True})
+    assert events[-1] == "[DONE]"
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == choice["text"]
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    # token-id prompts and max_completion_tokens
+    ids = worker.codec.encode("Once upon a time")
+    _, by_ids = await worker.post(
+        "/v1/completions", {"model": MODEL, "prompt": ids, "max_completion_tokens": 7}
+    )
+    assert by_ids["choices"][0]["text"] == choice["text"]
+
+
+async def test_openai_errors(worker: Worker) -> None:
+    status, out = await worker.post(
+        "/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}
+    )
+    assert status == 404
+    assert out["object"] == "error" and out["type"] == "NotFoundError" and out["code"] == 404
+    assert "nope" in out["message"]
+    async with worker.http.post(worker.url + "/v1/chat/completions", data=b"{oops") as r:
+        assert r.status == 400
+        assert (await r.json())["object"] == "error"
+    bad = [
+        {"model": MODEL, "messages": []},
+        {"model": MODEL, "messages": [{"content": "no role"}]},
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2},
+    ]
+    for body in bad:
+        status, out = await worker.post("/v1/chat/completions", body)
+        assert status == 400, body
+    status, _ = await worker.post("/v1/completions", {"model": MODEL, "prompt": {"a": 1}})
+    assert status == 400
+
+
+async def test_openai_sdk_client(worker: Worker) -> None:
+    client = openai.AsyncOpenAI(base_url=worker.url + "/v1", api_key="unused")
+    try:
+        reply = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "sdk"}], max_tokens=6
+        )
+        assert reply.choices[0].finish_reason == "stop"
+        assert reply.usage is not None and reply.usage.completion_tokens == 6
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "sdk"}], max_tokens=6, stream=True
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text == reply.choices[0].message.content
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(
+                model="missing", messages=[{"role": "user", "content": "sdk"}]
+            )
+    finally:
+        await client.close()
