@@ -115,7 +115,7 @@ async def test_openai_errors(worker: Worker) -> None:
     async with worker.http.post(worker.url + "/v1/chat/completions", data=b"{oops") as r:
         assert r.status == 400
         assert (await r.json())["object"] == "error"
-    bad = [
+    bad: list[dict[str, Any]] = [
         {"model": MODEL, "messages": []},
         {"model": MODEL, "messages": [{"content": "no role"}]},
         {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
