@@ -1,0 +1,1 @@
+"""The router process: HTTP API, proxying, accounting, metrics, CLI."""

@@ -1,0 +1,364 @@
+"""The router's HTTP surface (aiohttp): generation endpoints, worker admin, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from smetric_router.core.types import NoWorkerAvailable
+from smetric_router.features.errors import FeatureError
+from smetric_router.features.extract import strip_hint
+from smetric_router.policies import make_policy
+from smetric_router.router.config import RouterConfig
+from smetric_router.router.errors import RouterError, bad_request, no_worker
+from smetric_router.router.kv import KvFeeds
+from smetric_router.router.metrics import RouterMetrics, WorkerSample
+from smetric_router.router.proxy import Proxy
+from smetric_router.router.routing import Endpoint, Features, HitIndex, Router, TextTree
+from smetric_router.router.workers import PageSizeMismatch, WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+STATE: web.AppKey[RouterState] = web.AppKey("smetric_router_state")
+
+
+class RouterState:
+    """Everything one router process holds. Nothing here grows with the number of sessions."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        features_for: Callable[[int], Features],
+        hits: HitIndex | None,
+        text_tree: TextTree | None,
+        kv_feeds: KvFeeds | None,
+    ) -> None:
+        self.config = config
+        self.features_for = features_for
+        self.hits = hits
+        self.text_tree = text_tree
+        self.kv_feeds = kv_feeds
+        self.started = int(time.time())
+        self._session: aiohttp.ClientSession | None = None
+        self._registry: WorkerRegistry | None = None
+        self._router: Router | None = None
+        self._proxy: Proxy | None = None
+        self.metrics = RouterMetrics(self.sample_workers)
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "router not started"
+        return self._session
+
+    @property
+    def registry(self) -> WorkerRegistry:
+        assert self._registry is not None, "router not started"
+        return self._registry
+
+    @property
+    def router(self) -> Router:
+        assert self._router is not None, "router not started"
+        return self._router
+
+    @property
+    def proxy(self) -> Proxy:
+        assert self._proxy is not None, "router not started"
+        return self._proxy
+
+    async def start(self) -> None:
+        c = self.config
+        # Many concurrent streams: no pool cap per worker; the overall cap guards file descriptors.
+        connector = aiohttp.TCPConnector(limit=8192, limit_per_host=0, keepalive_timeout=60)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self._registry = WorkerRegistry(
+            session=self._session,
+            page_size=c.page_size,
+            health_interval=c.health_check_interval_secs,
+            health_timeout=c.health_check_timeout_secs,
+            load_interval=c.load_poll_interval_secs,
+            on_added=self._worker_added,
+            on_removed=self._worker_removed,
+        )
+        policy = make_policy(c.policy, c.policy_params)
+        self._router = Router(
+            policy, self._registry, self.metrics, self.features_for, self.hits, self.text_tree
+        )
+        self._proxy = Proxy(
+            session=self._session,
+            router=self._router,
+            registry=self._registry,
+            metrics=self.metrics,
+            max_retries=c.max_retries,
+            timeout=aiohttp.ClientTimeout(
+                total=c.request_timeout_secs, sock_connect=min(10.0, c.request_timeout_secs)
+            ),
+        )
+        try:
+            await self._registry.initialize(c.worker_urls)
+        except BaseException:
+            await self._session.close()
+            raise
+        self._registry.start()
+
+    async def stop(self) -> None:
+        if self._registry is not None:
+            await self._registry.stop()
+        if self.kv_feeds is not None:
+            await self.kv_feeds.stop()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _worker_added(self, url: str) -> None:
+        if self.kv_feeds is not None:
+            await self.kv_feeds.add_worker(url)
+
+    async def _worker_removed(self, url: str) -> None:
+        if self.kv_feeds is not None:
+            await self.kv_feeds.remove_worker(url)
+
+    def sample_workers(self) -> list[WorkerSample]:
+        if self._registry is None:
+            return []
+        now = time.monotonic()
+        max_age = self._registry.max_load_age
+        out = []
+        for w in self._registry.workers.values():
+            kv = self.kv_feeds.stats(w.url) if self.kv_feeds is not None else None
+            out.append(
+                WorkerSample(
+                    url=w.url,
+                    healthy=w.healthy,
+                    inflight=w.inflight,
+                    load=w.load(now, max_age),
+                    kv_connected=kv.connected if kv else None,
+                    kv_resets=kv.resets if kv else 0,
+                    kv_gaps_recovered=kv.gaps_recovered if kv else 0,
+                )
+            )
+        return out
+
+
+# Handlers ------------------------------------------------------------------------------------
+
+
+async def read_json_object(request: web.Request, limit: int) -> tuple[bytes, dict[str, Any]]:
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(limit)
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(limit) from None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise bad_request(f"We could not parse the JSON body of your request: {e}") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return raw, body
+
+
+def _too_large(limit: int) -> RouterError:
+    return RouterError(413, f"The request body exceeds {limit} bytes.", code="request_too_large")
+
+
+def _check_model(body: dict[str, Any], served: frozenset[str]) -> str | None:
+    model = body.get("model")
+    if model is None:
+        return None
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string.", param="model")
+    if served and model not in served:
+        raise RouterError(
+            404,
+            f"The model `{model}` does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    return model if served else None
+
+
+def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
+    label = endpoint.value
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        state = request.app[STATE]
+        started = time.perf_counter()
+        status = 499  # stays so only when the client went away before an answer
+        try:
+            resp = await _generate(state, request, endpoint, started)
+            status = resp.status
+            return resp
+        except RouterError as e:
+            status = e.status
+            return e.response()
+        except Exception:
+            log.exception("internal error on %s", label)
+            status = 500
+            return RouterError(
+                500, "internal router error", type_="server_error", code="internal_error"
+            ).response()
+        finally:
+            m = state.metrics
+            m.requests.labels(label, str(status)).inc()
+            m.duration.labels(label).observe(time.perf_counter() - started)
+
+    return handle
+
+
+async def _generate(
+    state: RouterState, request: web.Request, endpoint: Endpoint, started: float
+) -> web.StreamResponse:
+    raw, body = await read_json_object(request, state.config.max_body_bytes)
+    model = _check_model(body, state.registry.models())
+    router = state.router
+    try:
+        features = router.extract(endpoint, body, request.headers)
+        if strip_hint(body):
+            raw = orjson.dumps(body)
+        routed = router.route(features, model)
+    except FeatureError as e:
+        raise bad_request(str(e)) from None
+    except NoWorkerAvailable:
+        raise no_worker() from None
+    state.metrics.decide_seconds.observe(time.perf_counter() - started)
+    return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, endpoint.value)
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    data = [
+        {"id": m, "object": "model", "created": state.started, "owned_by": "sglang"}
+        for m in sorted(state.registry.models())
+    ]
+    return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"}, dumps=_dumps)
+
+
+async def handle_readiness(request: web.Request) -> web.Response:
+    healthy = len(request.app[STATE].registry.healthy())
+    status = 200 if healthy else 503
+    return web.json_response(
+        {"status": "ready" if healthy else "not ready", "healthy_workers": healthy},
+        status=status,
+        dumps=_dumps,
+    )
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def handle_list_workers(request: web.Request) -> web.Response:
+    return web.json_response({"workers": request.app[STATE].registry.describe()}, dumps=_dumps)
+
+
+async def handle_add_worker(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    try:
+        _, body = await read_json_object(request, 64 * 1024)
+        url = body.get("url")
+        if not isinstance(url, str):
+            raise bad_request("'url' (string) is required.", param="url")
+        try:
+            w = await state.registry.add(url)
+        except KeyError:
+            raise RouterError(409, f"worker {url} is already registered", param="url") from None
+        except PageSizeMismatch as e:
+            raise bad_request(str(e), param="url") from None
+        except ValueError as e:
+            raise bad_request(str(e), param="url") from None
+    except RouterError as e:
+        return e.response()
+    now = time.monotonic()
+    return web.json_response({"worker": w.describe(now, state.registry.max_load_age)}, dumps=_dumps)
+
+
+async def handle_remove_worker(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    try:
+        url = request.query.get("url")
+        if url is None and request.can_read_body:
+            _, body = await read_json_object(request, 64 * 1024)
+            url = body.get("url") if isinstance(body.get("url"), str) else None
+        if url is None:
+            raise bad_request('give the worker as ?url= or a JSON body {"url": ...}', "url")
+        if await state.registry.remove(url) is None:
+            raise RouterError(404, f"worker {url} is not registered", param="url")
+    except RouterError as e:
+        return e.response()
+    return web.json_response({"removed": url.rstrip("/")}, dumps=_dumps)
+
+
+async def handle_flush_cache(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    workers = list(state.registry.workers.values())
+    timeout = aiohttp.ClientTimeout(total=state.config.request_timeout_secs)
+
+    async def flush(url: str) -> tuple[int, str]:
+        try:
+            async with state.session.post(
+                url + "/flush_cache", params=request.query, timeout=timeout
+            ) as resp:
+                return resp.status, (await resp.read()).decode(errors="replace")
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            return 502, f"unreachable: {e or type(e).__name__}"
+
+    results = await asyncio.gather(*(flush(w.url) for w in workers))
+    failures = [s for s, _ in results if s != 200]
+    per_worker = zip(workers, results, strict=True)
+    body = {"results": {w.url: {"status": s, "body": b} for w, (s, b) in per_worker}}
+    return web.json_response(body, status=max(failures, default=200), dumps=_dumps)
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+# Assembly ------------------------------------------------------------------------------------
+
+
+def build_app(state: RouterState) -> web.Application:
+    app = web.Application(client_max_size=state.config.max_body_bytes)
+    app[STATE] = state
+
+    async def on_startup(_: web.Application) -> None:
+        await state.start()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await state.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    for endpoint in Endpoint:
+        app.router.add_post(endpoint.value, generation_handler(endpoint))
+    app.router.add_put(Endpoint.GENERATE.value, generation_handler(Endpoint.GENERATE))
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/liveness", handle_health)
+    app.router.add_get("/readiness", handle_readiness)
+    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/workers", handle_list_workers)
+    app.router.add_post("/workers", handle_add_worker)
+    app.router.add_delete("/workers", handle_remove_worker)
+    app.router.add_route("*", "/flush_cache", handle_flush_cache)
+    return app
+
+
+def metrics_app(state: RouterState) -> web.Application:
+    """The --prometheus-port server: /metrics only."""
+    app = web.Application()
+    app[STATE] = state
+    app.router.add_get("/metrics", handle_metrics)
+    return app

@@ -1,0 +1,22 @@
+"""Builds a RouterState from a RouterConfig with the real parts: tokenizer, features, KV index."""
+
+from __future__ import annotations
+
+from smetric_router.cluster.kv_index import KvIndex
+from smetric_router.features.chat import load_codec
+from smetric_router.features.extract import FeatureExtractor
+from smetric_router.policies import make_policy
+from smetric_router.router.app import RouterState
+from smetric_router.router.config import RouterConfig
+
+
+def make_state(config: RouterConfig) -> RouterState:
+    codec = load_codec(config.tokenizer_path)  # fails fast on a bad --tokenizer-path
+    keep_text = make_policy(config.policy, config.policy_params).uses_text_tree
+
+    def features_for(page_size: int) -> FeatureExtractor:
+        return FeatureExtractor(codec, page_size=page_size, keep_text=keep_text)
+
+    return RouterState(
+        config, features_for=features_for, hits=KvIndex(), text_tree=None, kv_feeds=None
+    )

@@ -1,0 +1,246 @@
+"""`smetric-router` / `python -m smetric_router`: flags -> RouterConfig -> a running router.
+
+Flag names follow `python -m sglang_router.launch_router` where the meaning is the same, so the
+router is a drop-in replacement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from smetric_router.policies import PolicyParams, policy_names
+from smetric_router.router.config import RouterConfig
+
+log = logging.getLogger("smetric_router.router")
+
+_D = RouterConfig()
+_P = PolicyParams()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="smetric-router",
+        description="SMetric balanced session-centric router for SGLang workers (OpenAI and "
+        "SGLang /generate APIs). Flags match sglang_router.launch_router where they mean the same.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--host", default=_D.host, help="address the router listens on")
+    p.add_argument("--port", type=int, default=_D.port, help="port of the router's HTTP API")
+    p.add_argument(
+        "--worker-urls",
+        nargs="*",
+        default=[],
+        metavar="URL",
+        help="SGLang worker base URLs (more can be added at runtime with POST /workers)",
+    )
+    p.add_argument(
+        "--policy",
+        default=_D.policy,
+        choices=policy_names(),
+        help="routing policy; smetric = the paper's Figure 13 (first turn balanced, follow-ups "
+        "sticky to the worker holding their KV cache, with overload and eviction guards)",
+    )
+    p.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=None,
+        help="also serve /metrics on this port (it is always on the main port too)",
+    )
+    p.add_argument(
+        "--prometheus-host", default=_D.prometheus_host, help="address of --prometheus-port"
+    )
+    p.add_argument(
+        "--log-level",
+        default=_D.log_level,
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="log level; debug logs one line per routing decision",
+    )
+    p.add_argument(
+        "--request-timeout-secs",
+        type=float,
+        default=_D.request_timeout_secs,
+        help="limit on one forwarded request, streaming included",
+    )
+    p.add_argument(
+        "--overload",
+        type=float,
+        default=_P.overload,
+        help="smetric: a follow-up is not sent to its cache holder when that worker's load "
+        "exceeds OVERLOAD x the mean load (it is balanced instead)",
+    )
+    p.add_argument(
+        "--hit-ratio",
+        type=float,
+        default=_P.hit_ratio,
+        help="smetric: a follow-up whose best cached prefix is at most HIT_RATIO x its history "
+        "is treated as evicted and balanced",
+    )
+    p.add_argument(
+        "--bailian-lambda",
+        type=float,
+        default=_P.bailian_lambda,
+        help="bailian: weight of the cache-miss term against the load term",
+    )
+    p.add_argument(
+        "--cache-threshold",
+        type=float,
+        default=_P.cache_threshold,
+        help="cache_aware: minimum text-match ratio to follow the tree",
+    )
+    p.add_argument(
+        "--balance-abs-threshold",
+        type=float,
+        default=_P.balance_abs_threshold,
+        help="cache_aware: load gap (max-min) above which the cluster counts as imbalanced",
+    )
+    p.add_argument(
+        "--balance-rel-threshold",
+        type=float,
+        default=_P.balance_rel_threshold,
+        help="cache_aware: load ratio (max/min) above which the cluster counts as imbalanced",
+    )
+    p.add_argument(
+        "--tokenizer-path",
+        default=None,
+        help="directory with a HF tokenizer.json (+ tokenizer_config.json) matching the "
+        "workers' model; default: the tokenizer shipped with smetric-router",
+    )
+    p.add_argument(
+        "--page-size",
+        type=int,
+        default=None,
+        help="KV page size for page hashes; default: each worker's /server_info "
+        "kv_events.block_size (else page_size); workers must agree",
+    )
+    p.add_argument(
+        "--load-poll-interval-secs",
+        type=float,
+        default=_D.load_poll_interval_secs,
+        help="how often each worker's GET /v1/loads is read; policies see "
+        "max(router in-flight, reported running + waiting requests)",
+    )
+    p.add_argument(
+        "--health-check-interval-secs",
+        type=float,
+        default=_D.health_check_interval_secs,
+        help="how often each worker's GET /health is checked; failing workers are excluded "
+        "until they pass again",
+    )
+    p.add_argument(
+        "--health-check-timeout-secs",
+        type=float,
+        default=_D.health_check_timeout_secs,
+        help="timeout of one health check or info request",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=_D.max_body_bytes,
+        help="largest request body accepted (larger ones get HTTP 413)",
+    )
+    p.add_argument(
+        "--max-retries",
+        type=int,
+        default=_D.max_retries,
+        help="how many other workers to try when a worker refuses the connection or answers "
+        "5xx before its first byte",
+    )
+    p.add_argument(
+        "--no-kv-events",
+        action="store_true",
+        help="do not subscribe to the workers' KV events (cache hits then stay unknown)",
+    )
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        return RouterConfig(
+            worker_urls=tuple(a.worker_urls),
+            host=a.host,
+            port=a.port,
+            policy=a.policy,
+            policy_params=PolicyParams(
+                overload=a.overload,
+                hit_ratio=a.hit_ratio,
+                bailian_lambda=a.bailian_lambda,
+                cache_threshold=a.cache_threshold,
+                balance_abs_threshold=a.balance_abs_threshold,
+                balance_rel_threshold=a.balance_rel_threshold,
+            ),
+            prometheus_port=a.prometheus_port,
+            prometheus_host=a.prometheus_host,
+            log_level=a.log_level,
+            request_timeout_secs=a.request_timeout_secs,
+            tokenizer_path=a.tokenizer_path,
+            page_size=a.page_size,
+            load_poll_interval_secs=a.load_poll_interval_secs,
+            health_check_interval_secs=a.health_check_interval_secs,
+            health_check_timeout_secs=a.health_check_timeout_secs,
+            max_body_bytes=a.max_body_bytes,
+            max_retries=a.max_retries,
+            kv_events=not a.no_kv_events,
+        )
+    except ValueError as e:
+        parser.error(str(e))
+
+
+async def serve(config: RouterConfig) -> None:
+    """Run until SIGINT/SIGTERM."""
+    from smetric_router.router.app import build_app, metrics_app
+    from smetric_router.router.assemble import make_state
+
+    state = make_state(config)
+    runners = [web.AppRunner(build_app(state), access_log=None)]
+    if config.prometheus_port is not None:
+        runners.append(web.AppRunner(metrics_app(state), access_log=None))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await runners[0].setup()
+        await web.TCPSite(runners[0], config.host, config.port).start()
+        if len(runners) > 1:
+            await runners[1].setup()
+            assert config.prometheus_port is not None
+            await web.TCPSite(runners[1], config.prometheus_host, config.prometheus_port).start()
+        log.info(
+            "smetric-router on http://%s:%d, policy %s, %d workers",
+            config.host,
+            config.port,
+            config.policy,
+            len(config.worker_urls),
+        )
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        for r in reversed(runners):
+            await r.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = config_from_args(argv)
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        try:
+            import uvloop
+        except ImportError:
+            asyncio.run(serve(config))
+        else:
+            uvloop.run(serve(config))
+    except (OSError, ValueError) as e:  # bad tokenizer, page-size mismatch, busy port
+        log.error("smetric-router failed to start: %s", e)
+        sys.exit(1)

@@ -1,0 +1,112 @@
+"""Prometheus metrics on the router's own registry.
+
+Counters and histograms are updated on the request path; per-worker gauges (health, in-flight,
+load, KV-feed state) are read from live state at scrape time, so the hot path touches plain ints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSample:
+    url: str
+    healthy: bool
+    inflight: int
+    load: float
+    kv_connected: bool | None = None  # None: no KV-event feed for this worker
+    kv_resets: int = 0
+    kv_gaps_recovered: int = 0
+
+
+class _WorkerCollector(Collector):
+    def __init__(self, sample: Callable[[], Iterable[WorkerSample]]) -> None:
+        self._sample = sample
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        healthy = GaugeMetricFamily(
+            "smetric_worker_healthy", "1 when the worker passes health checks", labels=["worker"]
+        )
+        inflight = GaugeMetricFamily(
+            "smetric_worker_inflight", "Requests the router has in flight", labels=["worker"]
+        )
+        load = GaugeMetricFamily(
+            "smetric_worker_load", "Load the policy sees for the worker", labels=["worker"]
+        )
+        connected = GaugeMetricFamily(
+            "smetric_kv_event_connected",
+            "1 while the KV-event feed is connected",
+            labels=["worker"],
+        )
+        resets = CounterMetricFamily(
+            "smetric_kv_event_resets",
+            "Times the worker's KV index was cleared after an unrecoverable event gap",
+            labels=["worker"],
+        )
+        gaps = CounterMetricFamily(
+            "smetric_kv_event_gaps_recovered",
+            "Event gaps recovered through the replay socket",
+            labels=["worker"],
+        )
+        for s in self._sample():
+            healthy.add_metric([s.url], 1.0 if s.healthy else 0.0)
+            inflight.add_metric([s.url], s.inflight)
+            load.add_metric([s.url], s.load)
+            if s.kv_connected is not None:
+                connected.add_metric([s.url], 1.0 if s.kv_connected else 0.0)
+                resets.add_metric([s.url], s.kv_resets)
+                gaps.add_metric([s.url], s.kv_gaps_recovered)
+        return [healthy, inflight, load, connected, resets, gaps]
+
+
+class RouterMetrics:
+    def __init__(self, sample_workers: Callable[[], Iterable[WorkerSample]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "smetric_requests", "Requests answered", ["endpoint", "status"], registry=r
+        )
+        self.decisions = Counter(
+            "smetric_decisions", "Routing decisions", ["reason", "worker"], registry=r
+        )
+        self.retries = Counter(
+            "smetric_retries",
+            "Dispatches retried away from a failing worker",
+            ["worker"],
+            registry=r,
+        )
+        self.stream_errors = Counter(
+            "smetric_stream_errors", "Streams cut by a lost worker", ["worker"], registry=r
+        )
+        self.duration = Histogram(
+            "smetric_request_duration_seconds",
+            "Time from request arrival to the end of the response",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "smetric_ttft_seconds",
+            "Time from request arrival to the worker's first response byte",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decide_seconds = Histogram(
+            "smetric_decision_seconds",
+            "Features + view + decide, per request",
+            buckets=(1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1),
+            registry=r,
+        )
+        r.register(_WorkerCollector(sample_workers))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,237 @@
+"""Forwarding to the chosen worker: retries before the first byte, byte-exact pass-through after.
+
+A worker that refuses the connection or answers 5xx before sending its body is retried on another
+worker (re-decided without it). Once response bytes flow to the client there is no retry: a stream
+whose worker disappears is closed with an SSE error event and `data: [DONE]`, so clients never hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from smetric_router.core.types import NoWorkerAvailable
+from smetric_router.router.errors import RouterError, sse_error_event
+from smetric_router.router.metrics import RouterMetrics
+from smetric_router.router.routing import Routed, Router
+from smetric_router.router.workers import Worker, WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+WORKER_HEADER = "x-smetric-worker"
+REASON_HEADER = "x-smetric-reason"
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+_DROP_RESPONSE = _HOP_BY_HOP | {"date", "server"}
+# Failures that happen before the worker sent anything: safe to send the request elsewhere.
+_UNREACHABLE = (
+    aiohttp.ClientConnectorError,
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+)
+
+
+def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in headers.items():
+        lk = k.lower()
+        if lk not in _HOP_BY_HOP and not lk.startswith("x-smetric-"):
+            out.add(k, v)
+    return out
+
+
+def decision_headers(routed: Routed) -> dict[str, str]:
+    return {WORKER_HEADER: routed.decision.worker, REASON_HEADER: routed.decision.reason}
+
+
+@dataclass(slots=True)
+class Proxy:
+    session: aiohttp.ClientSession
+    router: Router
+    registry: WorkerRegistry
+    metrics: RouterMetrics
+    max_retries: int
+    timeout: aiohttp.ClientTimeout
+
+    async def dispatch(
+        self,
+        request: web.Request,
+        path: str,
+        body: bytes,
+        routed: Routed,
+        started: float,
+        label: str,
+    ) -> web.StreamResponse:
+        headers = forward_headers(request.headers)
+        excluded: list[str] = []
+        while True:
+            worker = self.registry.workers.get(routed.decision.worker)
+            if worker is None:  # removed between snapshot and dispatch
+                why = "removed"
+                resp = None
+            else:
+                why, resp = await self._send(worker, path, body, headers)
+            if resp is not None:
+                assert worker is not None
+                return await self._relay(request, worker, resp, routed, started, label)
+            if len(excluded) >= self.max_retries:
+                raise RouterError(
+                    502,
+                    f"worker {routed.decision.worker} failed ({why}); "
+                    f"gave up after {len(excluded)} retries",
+                    type_="server_error",
+                    code="worker_unavailable",
+                    headers=decision_headers(routed),
+                )
+            self.metrics.retries.labels(routed.decision.worker).inc()
+            log.warning("retrying away from %s: %s", routed.decision.worker, why)
+            excluded.append(routed.decision.worker)
+            try:
+                routed = self.router.reroute(routed, excluded)
+            except NoWorkerAvailable:
+                raise RouterError(
+                    502,
+                    f"worker {routed.decision.worker} failed ({why}); no other worker is healthy",
+                    type_="server_error",
+                    code="worker_unavailable",
+                    headers=decision_headers(routed),
+                ) from None
+
+    async def _send(
+        self, worker: Worker, path: str, body: bytes, headers: CIMultiDict[str]
+    ) -> tuple[str, aiohttp.ClientResponse | None]:
+        """Open the request; a retryable failure comes back as (why, None)."""
+        worker.inflight += 1
+        try:
+            resp = await self.session.post(
+                worker.url + path,
+                data=body,
+                headers=headers,
+                timeout=self.timeout,
+                skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            )
+        except _UNREACHABLE as e:
+            worker.inflight -= 1
+            self.registry.mark_failed(worker, str(e) or type(e).__name__)
+            return str(e) or type(e).__name__, None
+        except asyncio.TimeoutError:
+            worker.inflight -= 1
+            raise RouterError(
+                504,
+                f"worker {worker.url} did not answer within the request timeout",
+                type_="server_error",
+                code="worker_timeout",
+            ) from None
+        except BaseException:
+            worker.inflight -= 1
+            raise
+        if resp.status >= 500:
+            worker.inflight -= 1
+            resp.release()
+            return f"HTTP {resp.status}", None
+        return "", resp
+
+    async def _relay(
+        self,
+        request: web.Request,
+        worker: Worker,
+        resp: aiohttp.ClientResponse,
+        routed: Routed,
+        started: float,
+        label: str,
+    ) -> web.StreamResponse:
+        try:
+            headers = CIMultiDict(
+                (k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE
+            )
+            headers.update(decision_headers(routed))
+            if resp.content_type == "text/event-stream":
+                return await self._stream(request, worker, resp, headers, started, label)
+            return await self._whole(worker, resp, headers, routed, started, label)
+        finally:
+            worker.inflight -= 1
+            resp.close()
+
+    async def _whole(
+        self,
+        worker: Worker,
+        resp: aiohttp.ClientResponse,
+        headers: CIMultiDict[str],
+        routed: Routed,
+        started: float,
+        label: str,
+    ) -> web.Response:
+        parts: list[bytes] = []
+        try:
+            async for chunk in resp.content.iter_any():
+                if not parts:
+                    self.metrics.ttft.labels(label).observe(time.perf_counter() - started)
+                parts.append(chunk)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            raise RouterError(
+                502,
+                f"worker {worker.url} was lost while sending its response",
+                type_="server_error",
+                code="worker_lost",
+                headers=decision_headers(routed),
+            ) from None
+        return web.Response(status=resp.status, body=b"".join(parts), headers=headers)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        worker: Worker,
+        resp: aiohttp.ClientResponse,
+        headers: CIMultiDict[str],
+        started: float,
+        label: str,
+    ) -> web.StreamResponse:
+        out = web.StreamResponse(status=resp.status, headers=headers)
+        await out.prepare(request)
+        first = True
+        tail = b"\n\n"
+        chunks = resp.content.iter_any()
+        while True:
+            # Only upstream reads are guarded: a client that went away ends the handler.
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                why = str(e) or type(e).__name__
+                log.warning("stream from %s lost: %s", worker.url, why)
+                self.metrics.stream_errors.labels(worker.url).inc()
+                # Close a half-written event first so the error event parses on its own.
+                sep = b"" if tail == b"\n\n" else b"\n\n"
+                await out.write(
+                    sep + sse_error_event(f"worker {worker.url} lost mid-stream: {why}")
+                )
+                break
+            if first:
+                self.metrics.ttft.labels(label).observe(time.perf_counter() - started)
+                first = False
+            await out.write(chunk)
+            tail = (tail + chunk)[-2:]
+        await out.write_eof()
+        return out

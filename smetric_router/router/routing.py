@@ -1,0 +1,179 @@
+"""One decision per request, in one pass: features once, one view snapshot, one decide.
+
+A retry re-decides on the same features and the same snapshot with the failed workers marked
+unhealthy, so a retry never recomputes features or re-reads the cluster.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any, Protocol
+
+from smetric_router.core.types import ClusterView, Decision, RequestFeatures, WorkerView
+from smetric_router.policies import Policy
+from smetric_router.router.errors import RouterError
+from smetric_router.router.metrics import RouterMetrics
+from smetric_router.router.workers import Worker, WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+# Used only until some worker reports its page size (no worker reachable yet, or none reports one).
+DEFAULT_PAGE_SIZE = 16
+
+
+class Endpoint(str, Enum):
+    CHAT = "/v1/chat/completions"
+    COMPLETION = "/v1/completions"
+    GENERATE = "/generate"
+
+
+class HitIndex(Protocol):
+    """cluster.kv_index.KvIndex as the router uses it."""
+
+    def match(
+        self, page_hashes: Sequence[int], page_size: int
+    ) -> Mapping[str, tuple[int, int]]: ...
+
+
+class TextTree(Protocol):
+    """cluster.text_tree as the router uses it (cache_aware baseline only)."""
+
+    def match(self, text: str) -> Mapping[str, int]: ...
+
+    def insert(self, text: str, worker: str) -> None: ...
+
+    def size(self, worker: str) -> int: ...
+
+
+class Features(Protocol):
+    """features.extract.FeatureExtractor as the router uses it."""
+
+    def from_chat(self, body: dict[str, Any]) -> RequestFeatures: ...
+
+    def from_completion(
+        self, body: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> RequestFeatures: ...
+
+    def from_generate(
+        self, body: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> RequestFeatures: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    features: RequestFeatures
+    view: ClusterView
+    decision: Decision
+
+
+class Router:
+    def __init__(
+        self,
+        policy: Policy,
+        registry: WorkerRegistry,
+        metrics: RouterMetrics,
+        features_for: Callable[[int], Features],
+        hits: HitIndex | None = None,
+        text_tree: TextTree | None = None,
+    ) -> None:
+        self.policy = policy
+        self.registry = registry
+        self.metrics = metrics
+        self._features_for = features_for
+        self._features: tuple[int, Features] | None = None
+        self.hits = hits
+        self.text_tree = text_tree if policy.uses_text_tree else None
+        self._tick = itertools.count()
+
+    @property
+    def features(self) -> Features:
+        """The extractor for the cluster's page size (fixed once the first worker reports it)."""
+        page_size = self.registry.page_size or DEFAULT_PAGE_SIZE
+        if self._features is None or self._features[0] != page_size:
+            self._features = (page_size, self._features_for(page_size))
+        return self._features[1]
+
+    def extract(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: Mapping[str, str]
+    ) -> RequestFeatures:
+        features = self.features
+        if endpoint is Endpoint.CHAT:
+            return features.from_chat(body)
+        if endpoint is Endpoint.COMPLETION:
+            return features.from_completion(body, headers)
+        return features.from_generate(body, headers)
+
+    def route(self, features: RequestFeatures, model: str | None) -> Routed:
+        view = self.snapshot(features, model)
+        decision = self.decide(features, view)
+        if self.text_tree is not None and features.text:
+            self.text_tree.insert(features.text, decision.worker)
+        return Routed(features, view, decision)
+
+    def reroute(self, routed: Routed, excluded: Collection[str]) -> Routed:
+        workers = tuple(
+            replace(w, healthy=False) if w.url in excluded else w for w in routed.view.workers
+        )
+        view = replace(routed.view, workers=workers, tick=next(self._tick))
+        return Routed(routed.features, view, self.decide(routed.features, view))
+
+    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+        decision = self.policy.decide(features, view)
+        self.metrics.decisions.labels(decision.reason, decision.worker).inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "decision worker=%s reason=%s turn=%s prompt=%d est_hit=%d loads=%s hits=%s",
+                decision.worker,
+                decision.reason,
+                features.turn,
+                features.prompt_len,
+                features.est_hit,
+                [w.load for w in view.workers],
+                [w.hit for w in view.workers],
+            )
+        return decision
+
+    def snapshot(self, features: RequestFeatures, model: str | None) -> ClusterView:
+        candidates = self._serving(model)
+        if not candidates:
+            raise RouterError(
+                503, "no worker is registered", type_="server_error", code="no_worker_available"
+            )
+        hits: Mapping[str, tuple[int, int]] = {}
+        if self.hits is not None and features.page_hashes:
+            hits = self.hits.match(features.page_hashes, features.page_size)
+        text_hits: Mapping[str, int] = {}
+        if self.text_tree is not None and features.text:
+            text_hits = self.text_tree.match(features.text)
+        max_age = self.registry.max_load_age
+        now = time.monotonic()
+        views = []
+        for w in candidates:
+            gpu_hit, local_hit = hits.get(w.url, (0, 0))
+            views.append(
+                WorkerView(
+                    url=w.url,
+                    load=w.load(now, max_age),
+                    hit=local_hit,
+                    gpu_hit=gpu_hit,
+                    healthy=w.healthy,
+                    text_match=text_hits.get(w.url, 0),
+                    text_tree_size=self.text_tree.size(w.url) if self.text_tree else 0,
+                )
+            )
+        return ClusterView(
+            workers=tuple(views), tick=next(self._tick), entropy=random.getrandbits(62)
+        )
+
+    def _serving(self, model: str | None) -> list[Worker]:
+        workers = list(self.registry.workers.values())
+        if model is None:
+            return workers
+        # Workers that report no model names are assumed to serve whatever they are sent.
+        return [w for w in workers if not w.models or model in w.models]

@@ -1,0 +1,87 @@
+"""Fixtures: fake workers on free ports and a router in-process on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from smetric_router.features.chat import load_codec
+from smetric_router.features.extract import FeatureExtractor
+from smetric_router.router.app import RouterState, build_app
+from smetric_router.router.config import RouterConfig
+from smetric_router.router.routing import HitIndex
+from tests.router.fakes import FakeWorker
+
+# Background loops are slow unless a test needs them: no test waits on them by accident.
+BASE = RouterConfig(health_check_interval_secs=60, load_poll_interval_secs=60, max_retries=2)
+
+
+class RouterUnderTest:
+    def __init__(self, state: RouterState, server: TestServer) -> None:
+        self.state = state
+        self.server = server
+        self.url = f"http://127.0.0.1:{server.port}"
+
+
+MakeRouter = Callable[..., Awaitable[RouterUnderTest]]
+MakeWorker = Callable[..., Awaitable[FakeWorker]]
+
+
+@pytest.fixture(scope="session")
+def codec() -> Any:
+    return load_codec()
+
+
+@pytest.fixture
+async def make_worker() -> AsyncIterator[MakeWorker]:
+    workers: list[FakeWorker] = []
+
+    async def make(name: str = "w", **kw: Any) -> FakeWorker:
+        w = await FakeWorker(name, **kw).start()
+        workers.append(w)
+        return w
+
+    yield make
+    for w in workers:
+        w.release.set()
+        await w.close()
+
+
+@pytest.fixture
+async def make_router(codec: Any) -> AsyncIterator[MakeRouter]:
+    servers: list[TestServer] = []
+
+    async def make(
+        urls: list[str], hits: HitIndex | None = None, **overrides: Any
+    ) -> RouterUnderTest:
+        config = replace(BASE, worker_urls=tuple(urls), **overrides)
+        state = RouterState(
+            config,
+            features_for=lambda page_size: FeatureExtractor(codec, page_size=page_size),
+            hits=hits,
+            text_tree=None,
+            kv_feeds=None,
+        )
+        server = TestServer(build_app(state), host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return RouterUnderTest(state, server)
+
+    yield make
+    for s in servers:
+        await s.close()
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll `check` until it holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(0.01)

@@ -1,0 +1,127 @@
+"""Worker admin, health, readiness, models, cache flush and metrics endpoints."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.router.fakes import free_port
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_workers_add_list_remove(make_worker: MakeWorker, make_router: MakeRouter) -> None:
+    a, b = await make_worker("a"), await make_worker("b")
+    odd = await make_worker("odd", page_size=64)
+    router = await make_router([a.url])
+    async with aiohttp.ClientSession() as s:
+        async with s.post(router.url + "/workers", json={"url": b.url + "/"}) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["worker"]["url"] == b.url
+        async with s.post(router.url + "/workers", json={"url": b.url}) as resp:
+            assert resp.status == 409
+        async with s.post(router.url + "/workers", json={"url": odd.url}) as resp:
+            assert resp.status == 400
+            assert "page size" in (await resp.json())["error"]["message"]
+        async with s.post(router.url + "/workers", json={"uri": b.url}) as resp:
+            assert resp.status == 400
+        async with s.get(router.url + "/workers") as resp:
+            listed = (await resp.json())["workers"]
+        assert [(w["url"], w["healthy"], w["inflight"]) for w in listed] == [
+            (a.url, True, 0),
+            (b.url, True, 0),
+        ]
+        assert listed[0]["page_size"] == 16 and listed[0]["models"] == ["fake-model"]
+
+        async with s.delete(router.url + "/workers", params={"url": a.url}) as resp:
+            assert resp.status == 200
+        for _ in range(3):
+            async with s.post(router.url + "/v1/chat/completions", json=CHAT) as resp:
+                assert resp.headers["x-smetric-worker"] == b.url
+        async with s.delete(router.url + "/workers", json={"url": b.url}) as resp:
+            assert resp.status == 200
+        async with s.delete(router.url + "/workers", json={"url": b.url}) as resp:
+            assert resp.status == 404
+        async with s.get(router.url + "/readiness") as resp:
+            assert resp.status == 503
+        async with s.post(router.url + "/v1/chat/completions", json=CHAT) as resp:
+            assert resp.status in (404, 503)  # nobody serves the model any more
+
+
+async def test_health_checks_exclude_and_readmit(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    a, b = await make_worker("a"), await make_worker("b")
+    router = await make_router([a.url, b.url], health_check_interval_secs=0.05)
+    registry = router.state.registry
+    a.healthy = False
+    await eventually(lambda: not registry.workers[a.url].healthy)
+    async with aiohttp.ClientSession() as s:
+        for _ in range(4):
+            async with s.post(router.url + "/v1/chat/completions", json=CHAT) as resp:
+                assert resp.headers["x-smetric-worker"] == b.url
+        b.healthy = False
+        await eventually(lambda: not registry.healthy())
+        async with s.get(router.url + "/readiness") as resp:
+            assert resp.status == 503
+        async with s.get(router.url + "/health") as resp:
+            assert resp.status == 200  # the router itself is alive
+        a.healthy = True
+        await eventually(lambda: registry.workers[a.url].healthy)
+        async with s.get(router.url + "/readiness") as resp:
+            assert resp.status == 200
+        async with s.post(router.url + "/v1/chat/completions", json=CHAT) as resp:
+            assert resp.headers["x-smetric-worker"] == a.url
+
+
+async def test_unreachable_start_worker_joins_when_it_comes_up(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    a = await make_worker("a")
+    router = await make_router([a.url, f"http://127.0.0.1:{free_port()}"])
+    listed = router.state.registry.describe()
+    assert [w["healthy"] for w in listed] == [True, False]
+
+
+async def test_models_flush_and_metrics(make_worker: MakeWorker, make_router: MakeRouter) -> None:
+    a, b = await make_worker("a"), await make_worker("b", model="other-model")
+    router = await make_router([a.url, b.url])
+    async with aiohttp.ClientSession() as s:
+        async with s.get(router.url + "/v1/models") as resp:
+            ids = [m["id"] for m in (await resp.json())["data"]]
+        assert ids == ["fake-model", "other-model"]
+        # A model is only routed to the workers that serve it.
+        for model, url in (("fake-model", a.url), ("other-model", b.url)):
+            async with s.post(
+                router.url + "/v1/chat/completions", json={**CHAT, "model": model}
+            ) as resp:
+                assert resp.status == 200 and resp.headers["x-smetric-worker"] == url
+        async with s.post(router.url + "/flush_cache") as resp:
+            assert resp.status == 200
+            results = (await resp.json())["results"]
+        assert {u: r["status"] for u, r in results.items()} == {a.url: 200, b.url: 200}
+        assert a.flushes == b.flushes == 1
+        async with s.get(router.url + "/metrics") as resp:
+            text = await resp.text()
+    assert f'smetric_decisions_total{{reason="first-turn-balance",worker="{a.url}"}} 1.0' in text
+    assert 'smetric_requests_total{endpoint="/v1/chat/completions",status="200"} 2.0' in text
+    assert f'smetric_worker_healthy{{worker="{b.url}"}} 1.0' in text
+    assert f'smetric_worker_inflight{{worker="{a.url}"}} 0.0' in text
+    assert "smetric_ttft_seconds_count" in text and "smetric_request_duration_seconds" in text
+
+
+async def test_reported_load_steers_balance(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    a, b = await make_worker("a"), await make_worker("b")
+    a.running_reqs, a.waiting_reqs = 5, 2  # e.g. dispatched by another router replica
+    router = await make_router([a.url, b.url], load_poll_interval_secs=0.05)
+    registry = router.state.registry
+    await eventually(lambda: registry.workers[a.url].reported_load == 7)
+    async with aiohttp.ClientSession() as s:
+        for _ in range(3):
+            async with s.post(router.url + "/v1/chat/completions", json=CHAT) as resp:
+                assert resp.headers["x-smetric-worker"] == b.url
+        async with s.get(router.url + "/workers") as resp:
+            loads = {w["url"]: w["load"] for w in (await resp.json())["workers"]}
+    assert loads[a.url] == 7.0
