@@ -1,0 +1,306 @@
+"""The engine model: paged radix cache + continuous-batching scheduler + step-time model.
+
+Scheduling, per step (one forward):
+1. Requests already admitted and still prefilling continue FCFS, each taking what it can of the
+   chunked_prefill_size budget of new prompt tokens.
+2. While budget is left and running < max_running_requests, the head of the waiting queue is
+   admitted (strict FCFS: if it does not fit, nobody behind it is admitted this step). Its prefix
+   is matched (device, then host, then the global tier), host/global pages are loaded to the GPU,
+   and it gets its first chunk.
+3. Every request whose prefill finished in an earlier step decodes one token in the same forward
+   (SGLang's --enable-mixed-chunk; without it SGLang alternates prefill and decode batches). The
+   mixed form keeps decode moving under a steady stream of prefills, which is what a router sees.
+A request emits its first output token in the step its prefill completes.
+
+KV accounting: on admission a request reserves every page it will ever need (prompt + output,
+minus the GPU pages it shares), evicting LRU cache to make room. Outputs are known up front, so
+this is exact; it means no retraction is ever needed and the scheduler cannot deadlock. A request
+that could not fit even in an empty cache is dropped (finished with no output), as SGLang rejects
+prompts longer than its pool.
+
+As in SGLang, at least the last prompt token is always computed (its logits give the first output
+token), so a full cache hit is capped at len(input_ids) - 1, page-aligned.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from smetric_router.core.kv_events import KVCacheEvent
+from smetric_router.engine.api import (
+    CachedTokens,
+    EngineConfig,
+    EngineRequest,
+    LoadSnapshot,
+    StepResult,
+)
+from smetric_router.engine.global_tier import GlobalTier
+from smetric_router.engine.radix import PageNode, RadixCache
+from smetric_router.engine.timing import TimingModel
+from smetric_router.features.hashing import ChainState, block_hash, page_digests
+
+_THROUGHPUT_WINDOW = 32  # steps averaged for gen_throughput
+
+
+@dataclass(slots=True)
+class _Req:
+    req: EngineRequest
+    hashes: list[int]  # block hashes of the prompt's full pages
+    chain: ChainState  # hash chain after the prompt, to extend over the output at finish
+    uncached_at_arrival: int
+    done: int = 0  # prompt tokens whose KV exists (cached or computed)
+    tree_pages: int = 0  # leading pages of the sequence held in the radix tree
+    node: PageNode | None = None  # deepest of those pages (locked)
+    reserved: int = 0  # pages reserved and not yet in the tree
+    emitted: int = 0
+    admitted: bool = False
+
+    @property
+    def prefilling(self) -> bool:
+        return self.done < len(self.req.input_ids)
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        global_tier: GlobalTier | None = None,
+        timing: TimingModel | None = None,
+    ) -> None:
+        self.config = config
+        self.timing = timing if timing is not None else TimingModel.load(config.profile)
+        self.global_tier = global_tier
+        ps = config.page_size
+        self.cache = RadixCache(ps, config.gpu_kv_tokens // ps, config.host_kv_tokens // ps)
+        self._waiting: deque[_Req] = deque()
+        self._running: list[_Req] = []
+        self._by_rid: dict[str, _Req] = {}
+        self._reserved = 0
+        self._events: list[KVCacheEvent] = []
+        self._prompt_tokens = 0
+        self._cached_tokens = 0
+        self._uncached_total = 0
+        self._recent: deque[tuple[float, int]] = deque(maxlen=_THROUGHPUT_WINDOW)
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def add_request(self, req: EngineRequest) -> None:
+        if not req.input_ids:
+            raise ValueError(f"request {req.rid} has an empty prompt")
+        if req.rid in self._by_rid:
+            raise ValueError(f"duplicate request id {req.rid}")
+        ps = self.config.page_size
+        digests = page_digests(req.input_ids, ps)
+        n_full = len(digests) * ps
+        chain = ChainState(
+            ps, digests[-1] if digests else b"", tuple(req.input_ids[n_full:]), len(digests)
+        )
+        hashes = [block_hash(d) for d in digests]
+        gpu, _ = self.cache.match(hashes[: self._cacheable_pages(req)])
+        r = _Req(req, hashes, chain, len(req.input_ids) - len(gpu) * ps)
+        self._waiting.append(r)
+        self._by_rid[req.rid] = r
+
+    def abort(self, rid: str) -> None:
+        r = self._by_rid.pop(rid, None)
+        if r is None:
+            return
+        if r.admitted:
+            self._running.remove(r)
+            self._release(r)
+        else:
+            self._waiting.remove(r)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def step(self) -> StepResult:
+        cfg = self.config
+        result = StepResult(duration=0.0)
+        events = result.kv_events
+        events.extend(self._events)
+        self._events = []
+        budget = cfg.chunked_prefill_size
+        chunks: list[tuple[_Req, int]] = []
+        decoding = [r for r in self._running if not r.prefilling]
+        for r in self._running:
+            if budget <= 0:
+                break
+            if r.prefilling:
+                q = min(len(r.req.input_ids) - r.done, budget)
+                chunks.append((r, q))
+                budget -= q
+        load_s = 0.0
+        while budget > 0 and self._waiting and len(self._running) < cfg.max_running_requests:
+            r = self._waiting[0]
+            seconds = self._admit(r, result)
+            if seconds is None:
+                break
+            self._waiting.popleft()
+            if not r.admitted:  # could never fit: dropped
+                continue
+            load_s += seconds
+            q = min(len(r.req.input_ids) - r.done, budget)
+            chunks.append((r, q))
+            budget -= q
+        if not chunks and not decoding:
+            return result
+
+        kv_tokens = sum(len(r.req.input_ids) + r.emitted for r in decoding)
+        prefill = [(r.done, q) for r, q in chunks]
+        result.duration = self.timing.step_seconds(prefill, len(decoding), kv_tokens) + load_s
+
+        finished: list[_Req] = []
+        for r, q in chunks:
+            r.done += q
+            self._uncached_total += q
+            self._cache_pages(r, r.hashes, r.done // cfg.page_size, events)
+            if not r.prefilling:
+                self._emit(r, result, finished)
+        for r in decoding:
+            self._emit(r, result, finished)
+        for r in finished:
+            self._finish(r, events)
+            result.finished.append(r.req.rid)
+        emitted = sum(n for _, n in result.emitted)
+        self._recent.append((result.duration, emitted))
+        return result
+
+    def _emit(self, r: _Req, result: StepResult, finished: list[_Req]) -> None:
+        if r.emitted < len(r.req.output_ids):
+            r.emitted += 1
+            result.emitted.append((r.req.rid, 1))
+        if r.emitted >= len(r.req.output_ids):
+            finished.append(r)
+
+    def _admit(self, r: _Req, result: StepResult) -> float | None:
+        """Admit r if its pages fit, evicting cache as needed: the seconds its cache loads take,
+        or None if it must wait."""
+        cfg, cache = self.config, self.cache
+        ps = cfg.page_size
+        n_in, n_out = len(r.req.input_ids), len(r.req.output_ids)
+        cacheable = r.hashes[: self._cacheable_pages(r.req)]
+        gpu, host = cache.match(cacheable)
+        n_storage = 0
+        if self.global_tier is not None:
+            n_storage = self.global_tier.peek(cacheable[len(gpu) + len(host) :])
+        need = -(-(n_in + n_out) // ps) - len(gpu)
+        deepest = gpu[-1] if gpu else None
+        cache.lock(deepest)
+        free = cache.gpu_capacity - cache.gpu_used - self._reserved
+        if need > free:
+            result.kv_events.extend(cache.evict_gpu(need - free))
+            free = cache.gpu_capacity - cache.gpu_used - self._reserved
+        if need > free:
+            cache.unlock(deepest)
+            if self._running:
+                return None
+            # nothing running and the cache is as empty as it gets: it can never fit
+            self._by_rid.pop(r.req.rid, None)
+            result.finished.append(r.req.rid)
+            return 0.0
+        if self.global_tier is not None and n_storage:
+            self.global_tier.lookup(cacheable[len(gpu) + len(host) :][:n_storage])
+        cache.touch(gpu)
+        r.admitted = True
+        r.node = deepest
+        r.tree_pages = len(gpu)
+        r.reserved = need
+        self._reserved += need
+        hit = len(gpu) + len(host) + n_storage
+        self._cache_pages(r, r.hashes, hit, result.kv_events)
+        r.done = hit * ps
+        self._running.append(r)
+        cached = CachedTokens(len(gpu) * ps, len(host) * ps, n_storage * ps)
+        result.scheduled.append((r.req.rid, cached))
+        self._prompt_tokens += n_in
+        self._cached_tokens += cached.total
+        t = self.timing
+        return t.host_load_seconds(cached.host) + t.storage_fetch_seconds(cached.storage)
+
+    def _cacheable_pages(self, req: EngineRequest) -> int:
+        return (len(req.input_ids) - 1) // self.config.page_size
+
+    def _cache_pages(
+        self, r: _Req, hashes: list[int], upto: int, events: list[KVCacheEvent]
+    ) -> None:
+        """Put the request's pages [tree_pages, upto) into the tree, moving them off its
+        reservation, and write them through to the global tier."""
+        start = r.tree_pages
+        if upto <= start:
+            return
+        tokens = (
+            r.req.input_ids
+            if upto * self.config.page_size <= len(r.req.input_ids)
+            else (r.req.input_ids + r.req.output_ids)
+        )
+        node, _, evs = self.cache.insert(hashes, tokens, start, upto)
+        events.extend(evs)
+        self.cache.lock(node)
+        self.cache.unlock(r.node)
+        r.node = node
+        moved = upto - start
+        r.reserved -= moved
+        self._reserved -= moved
+        r.tree_pages = upto
+        if self.global_tier is not None:
+            self.global_tier.store(hashes[start:upto])
+
+    def _finish(self, r: _Req, events: list[KVCacheEvent]) -> None:
+        _, out_hashes = r.chain.extend(r.req.output_ids)
+        hashes = r.hashes + out_hashes
+        self._cache_pages(r, hashes, len(hashes), events)
+        self._running.remove(r)
+        self._by_rid.pop(r.req.rid, None)
+        self._release(r)
+
+    def _release(self, r: _Req) -> None:
+        self._reserved -= r.reserved
+        r.reserved = 0
+        self.cache.unlock(r.node)
+        r.node = None
+
+    # ---- cache queries and control ------------------------------------------------------------
+
+    def match_prefix(self, token_ids: list[int]) -> CachedTokens:
+        ps = self.config.page_size
+        hashes = [block_hash(d) for d in page_digests(token_ids, ps)]
+        gpu, host = self.cache.match(hashes)
+        storage = 0
+        if self.global_tier is not None:
+            storage = self.global_tier.peek(hashes[len(gpu) + len(host) :])
+        return CachedTokens(len(gpu) * ps, len(host) * ps, storage * ps)
+
+    def flush(self) -> bool:
+        if self.has_work():
+            return False
+        self._events.extend(self.cache.clear())
+        return True
+
+    def drain_events(self) -> list[KVCacheEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def load(self) -> LoadSnapshot:
+        ps = self.config.page_size
+        used = sum(r.done + r.emitted for r in self._running)
+        total = self.cache.gpu_capacity * ps
+        seconds = sum(d for d, _ in self._recent)
+        tokens = sum(n for _, n in self._recent)
+        return LoadSnapshot(
+            num_running_reqs=len(self._running),
+            num_waiting_reqs=len(self._waiting),
+            num_waiting_uncached_tokens=sum(r.uncached_at_arrival for r in self._waiting),
+            num_used_tokens=used,
+            max_total_num_tokens=total,
+            max_running_requests=self.config.max_running_requests,
+            token_usage=used / total if total else 0.0,
+            cache_hit_rate=self._cached_tokens / self._prompt_tokens
+            if self._prompt_tokens
+            else 0.0,
+            gen_throughput=tokens / seconds if seconds > 0 else 0.0,
+            total_prefill_uncached_tokens=self._uncached_total,
+        )

@@ -1,0 +1,268 @@
+"""Paged radix cache with a GPU tier and an optional HiCache host tier.
+
+Nodes are whole pages keyed by their SGLang page hash. The hash chains over the whole prefix, so a
+flat dict from hash to node is the radix tree: a page's parent is the page before it in the
+sequence that produced it (64-bit collisions are ignored, as SGLang's event consumers do).
+
+Tier invariants:
+- GPU residency is prefix-closed: only pages with no GPU-resident child are evicted from the GPU.
+- With a host tier, GPU pages are written through to the host; evicting a page from the GPU keeps
+  its host copy, and only host pages that are off the GPU and childless are evicted from the host.
+- A running request locks only the deepest page it uses; its ancestors are protected because a
+  page with a GPU child is never a GPU eviction candidate.
+
+LRU is a heap with lazy entries: a page is pushed when it may have become evictable, and a popped
+entry whose access stamp is stale is pushed back with the current stamp.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from smetric_router.core.kv_events import (
+    CPU_PINNED,
+    GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
+
+
+class PageNode:
+    __slots__ = (
+        "alive",
+        "children",
+        "gpu_children",
+        "hash",
+        "last",
+        "lock",
+        "on_gpu",
+        "on_host",
+        "parent",
+        "tokens",
+    )
+
+    def __init__(self, page_hash: int, parent: PageNode | None, tokens: list[int]) -> None:
+        self.hash = page_hash
+        self.parent = parent
+        self.tokens = tokens
+        self.on_gpu = False
+        self.on_host = False
+        self.children = 0  # children present in any tier
+        self.gpu_children = 0
+        self.lock = 0
+        self.last = 0
+        self.alive = True
+
+
+_HeapEntry = tuple[int, int, PageNode]
+
+
+class RadixCache:
+    def __init__(self, page_size: int, gpu_pages: int, host_pages: int = 0) -> None:
+        self.page_size = page_size
+        self.gpu_capacity = gpu_pages
+        self.host_capacity = host_pages
+        self.nodes: dict[int, PageNode] = {}
+        self.gpu_used = 0
+        self.host_used = 0
+        self._clock = 0
+        self._seq = 0
+        self._gpu_heap: list[_HeapEntry] = []
+        self._host_heap: list[_HeapEntry] = []
+
+    # ---- lookup -------------------------------------------------------------------------------
+
+    def match(self, hashes: Sequence[int]) -> tuple[list[PageNode], list[PageNode]]:
+        """Leading pages on the GPU, then the pages after them held on the host only."""
+        gpu: list[PageNode] = []
+        host: list[PageNode] = []
+        nodes = self.nodes
+        for h in hashes:
+            node = nodes.get(h)
+            if node is None:
+                break
+            if node.on_gpu and not host:
+                gpu.append(node)
+            elif node.on_host:
+                host.append(node)
+            else:
+                break
+        return gpu, host
+
+    def touch(self, nodes: Sequence[PageNode]) -> None:
+        self._clock += 1
+        for node in nodes:
+            node.last = self._clock
+
+    def lock(self, node: PageNode | None) -> None:
+        if node is not None:
+            node.lock += 1
+
+    def unlock(self, node: PageNode | None) -> None:
+        if node is None:
+            return
+        node.lock -= 1
+        if node.lock == 0 and node.alive:
+            self._push(self._gpu_heap, node)
+
+    # ---- insertion ----------------------------------------------------------------------------
+
+    def insert(
+        self, hashes: Sequence[int], tokens: Sequence[int], start: int, end: int
+    ) -> tuple[PageNode | None, int, list[KVCacheEvent]]:
+        """Make pages [start, end) of a sequence GPU-resident (pages < start must already be).
+
+        Returns the deepest page, how many pages became newly GPU-resident, and the events.
+        The caller has made room on the GPU. Pages are written through to the host tier, evicting
+        host LRU pages for room; a page stays GPU-only when no host page can be evicted.
+        """
+        ps = self.page_size
+        nodes = self.nodes
+        parent = nodes[hashes[start - 1]] if start > 0 else None
+        self._clock += 1
+        stamp = self._clock
+        gpu_run: list[int] = []
+        gpu_runs: list[tuple[int, list[int]]] = []  # (first page index, hashes)
+        host_runs: list[tuple[int, list[int]]] = []
+        host_run: list[int] = []
+        host_removed: list[int] = []
+        added = 0
+        node: PageNode | None = parent
+        for i in range(start, end):
+            h = hashes[i]
+            node = nodes.get(h)
+            if node is None:
+                node = PageNode(h, parent, list(tokens[i * ps : (i + 1) * ps]))
+                nodes[h] = node
+                if parent is not None:
+                    parent.children += 1
+            node.last = stamp
+            if not node.on_gpu:
+                node.on_gpu = True
+                added += 1
+                self.gpu_used += 1
+                if parent is not None:
+                    parent.gpu_children += 1
+                if not gpu_run:
+                    gpu_runs.append((i, gpu_run))
+                gpu_run.append(h)
+                self._push(self._gpu_heap, node)
+            elif gpu_run:
+                gpu_run = []
+            if self.host_capacity > 0 and not node.on_host and self._host_room(host_removed):
+                node.on_host = True
+                self.host_used += 1
+                if not host_run:
+                    host_runs.append((i, host_run))
+                host_run.append(h)
+            elif host_run:
+                host_run = []
+            parent = node
+        events: list[KVCacheEvent] = []
+        if host_removed:
+            events.append(BlockRemoved(block_hashes=host_removed, medium=CPU_PINNED))
+        events.extend(self._stored(r, hashes, GPU) for r in gpu_runs)
+        events.extend(self._stored(r, hashes, CPU_PINNED) for r in host_runs)
+        return node, added, events
+
+    def _stored(
+        self, run: tuple[int, list[int]], hashes: Sequence[int], medium: str
+    ) -> BlockStored:
+        first, run_hashes = run
+        toks: list[int] = []
+        for h in run_hashes:
+            toks.extend(self.nodes[h].tokens)
+        return BlockStored(
+            block_hashes=list(run_hashes),
+            parent_block_hash=hashes[first - 1] if first > 0 else None,
+            token_ids=toks,
+            block_size=self.page_size,
+            lora_id=None,
+            medium=medium,
+        )
+
+    def _host_room(self, removed: list[int]) -> bool:
+        if self.host_used < self.host_capacity:
+            return True
+        removed.extend(self._evict_host_one())
+        return self.host_used < self.host_capacity
+
+    # ---- eviction -----------------------------------------------------------------------------
+
+    def evict_gpu(self, n_pages: int) -> list[KVCacheEvent]:
+        """Evict up to n_pages unlocked GPU leaves, least recently used first."""
+        removed: list[int] = []
+        heap = self._gpu_heap
+        while len(removed) < n_pages and heap:
+            last, _, node = heapq.heappop(heap)
+            if not (node.alive and node.on_gpu and node.lock == 0 and node.gpu_children == 0):
+                continue
+            if last != node.last:
+                self._push(heap, node)
+                continue
+            node.on_gpu = False
+            self.gpu_used -= 1
+            removed.append(node.hash)
+            parent = node.parent
+            if parent is not None:
+                parent.gpu_children -= 1
+                if parent.gpu_children == 0:
+                    self._push(heap, parent)
+            if node.on_host:
+                self._push(self._host_heap, node)
+            else:
+                self._remove(node)
+        events: list[KVCacheEvent] = []
+        if removed:
+            events.append(BlockRemoved(block_hashes=removed, medium=GPU))
+        return events
+
+    def evict_host(self, n_pages: int) -> list[KVCacheEvent]:
+        removed: list[int] = []
+        while len(removed) < n_pages:
+            got = self._evict_host_one()
+            if not got:
+                break
+            removed.extend(got)
+        return [BlockRemoved(block_hashes=removed, medium=CPU_PINNED)] if removed else []
+
+    def _evict_host_one(self) -> list[int]:
+        heap = self._host_heap
+        while heap:
+            last, _, node = heapq.heappop(heap)
+            if not (node.alive and node.on_host and not node.on_gpu and node.children == 0):
+                continue
+            if last != node.last:
+                self._push(heap, node)
+                continue
+            node.on_host = False
+            self.host_used -= 1
+            self._remove(node)
+            return [node.hash]
+        return []
+
+    def _remove(self, node: PageNode) -> None:
+        node.alive = False
+        del self.nodes[node.hash]
+        parent = node.parent
+        if parent is not None:
+            parent.children -= 1
+            if parent.children == 0 and parent.on_host and not parent.on_gpu:
+                self._push(self._host_heap, parent)
+
+    def clear(self) -> list[KVCacheEvent]:
+        for node in self.nodes.values():
+            node.alive = False
+        self.nodes.clear()
+        self.gpu_used = 0
+        self.host_used = 0
+        self._gpu_heap.clear()
+        self._host_heap.clear()
+        return [AllBlocksCleared()]
+
+    def _push(self, heap: list[_HeapEntry], node: PageNode) -> None:
+        self._seq += 1
+        heapq.heappush(heap, (node.last, self._seq, node))
