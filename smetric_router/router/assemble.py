@@ -1,8 +1,9 @@
-"""Builds a RouterState from a RouterConfig with the real parts: tokenizer, features, KV index."""
+"""A RouterState from a RouterConfig, with the real parts: tokenizer, features, KV events."""
 
 from __future__ import annotations
 
 from smetric_router.cluster.kv_index import KvIndex
+from smetric_router.cluster.subscriber import KvEventHub
 from smetric_router.features.chat import load_codec
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.policies import make_policy
@@ -17,6 +18,11 @@ def make_state(config: RouterConfig) -> RouterState:
     def features_for(page_size: int) -> FeatureExtractor:
         return FeatureExtractor(codec, page_size=page_size, keep_text=keep_text)
 
+    index = KvIndex()
     return RouterState(
-        config, features_for=features_for, hits=KvIndex(), text_tree=None, kv_feeds=None
+        config,
+        features_for=features_for,
+        hits=index,
+        text_tree=None,
+        kv_feeds=KvEventHub(index) if config.kv_events else None,
     )

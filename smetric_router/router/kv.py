@@ -1,16 +1,19 @@
-"""The router's view of the KV-event feeds (cluster.subscriber), as far as it needs one."""
+"""What the router needs of the KV-event feeds (cluster.subscriber.KvEventHub)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 
-@dataclass(frozen=True, slots=True)
-class FeedStats:
-    connected: bool
-    resets: int
-    gaps_recovered: int
+class FeedStats(Protocol):
+    @property
+    def connected(self) -> bool: ...
+
+    @property
+    def resets(self) -> int: ...
+
+    @property
+    def gaps_recovered(self) -> int: ...
 
 
 class KvFeeds(Protocol):

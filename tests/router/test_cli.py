@@ -1,0 +1,110 @@
+"""Flags -> RouterConfig, and the real process: start, serve, metrics port, clean SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from smetric_router.router.cli import build_parser, config_from_args
+from tests.router.conftest import MakeWorker
+from tests.router.fakes import free_port
+
+
+def test_flags_map_to_config() -> None:
+    c = config_from_args(
+        [
+            "--worker-urls", "http://127.0.0.1:1", "http://127.0.0.1:2",
+            "--policy", "cache_aware", "--port", "31000", "--overload", "3",
+            "--hit-ratio", "0.25", "--bailian-lambda", "0.5", "--cache-threshold", "0.4",
+            "--balance-abs-threshold", "8", "--balance-rel-threshold", "2",
+            "--page-size", "64", "--max-retries", "1", "--max-body-bytes", "2048",
+            "--prometheus-port", "29000", "--request-timeout-secs", "9",
+        ]
+    )  # fmt: skip
+    assert c.worker_urls == ("http://127.0.0.1:1", "http://127.0.0.1:2")
+    assert (c.policy, c.port, c.page_size, c.max_retries) == ("cache_aware", 31000, 64, 1)
+    p = c.policy_params
+    assert (p.overload, p.hit_ratio, p.bailian_lambda, p.cache_threshold) == (3, 0.25, 0.5, 0.4)
+    assert (p.balance_abs_threshold, p.balance_rel_threshold) == (8, 2)
+    assert (c.max_body_bytes, c.prometheus_port, c.request_timeout_secs) == (2048, 29000, 9)
+    d = config_from_args([])
+    assert (d.host, d.port, d.policy, d.page_size, d.prometheus_port) == (
+        "127.0.0.1",
+        30000,
+        "smetric",
+        None,
+        None,
+    )
+
+
+def test_every_flag_is_explained() -> None:
+    for action in build_parser()._actions:
+        assert action.help, action.option_strings
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--page-size", "0"], ["--hit-ratio", "2"], ["--policy", "nope"], ["--max-retries", "-1"]],
+)
+def test_bad_flags_exit_with_usage_error(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        config_from_args(argv)
+    assert e.value.code == 2
+
+
+async def _wait_ok(s: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        assert proc.returncode is None, "router exited during start-up"
+        try:
+            async with s.get(url) as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientConnectionError:
+            pass
+        assert time.monotonic() < deadline, f"{url} not ready"
+        await asyncio.sleep(0.05)
+
+
+async def test_process_serves_and_stops_on_sigterm(make_worker: MakeWorker) -> None:
+    w = await make_worker("a")
+    port, prom = free_port(), free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "smetric_router",
+        "--port", str(port), "--worker-urls", w.url, "--prometheus-port", str(prom),
+        "--log-level", "warning",
+    )  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as s:
+            await _wait_ok(s, f"http://127.0.0.1:{port}/readiness", proc)
+            body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            async with s.post(url, json=body) as resp:
+                assert resp.status == 200 and resp.headers["x-smetric-worker"] == w.url
+            async with s.get(f"http://127.0.0.1:{prom}/metrics") as resp:
+                assert "smetric_decisions_total" in await resp.text()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_process_refuses_workers_that_disagree_on_page_size(
+    make_worker: MakeWorker,
+) -> None:
+    a, b = await make_worker("a", page_size=16), await make_worker("b", page_size=64)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "smetric_router", "--port", str(free_port()),
+        "--worker-urls", a.url, b.url,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 1
+    assert b"disagree on the KV page size" in err

@@ -1,0 +1,37 @@
+"""The registry's pure parts: the load rule, page-size and model discovery, URL checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from smetric_router.router.workers import Worker, models_of, normalize_url, page_size_of
+
+
+def test_load_is_max_of_own_inflight_and_fresh_reported_load() -> None:
+    w = Worker("http://w", inflight=3)
+    assert w.load(now=100.0, max_age=3.0) == 3.0  # nothing reported yet
+    w.reported_load, w.reported_at = 7.0, 99.0
+    assert w.load(now=100.0, max_age=3.0) == 7.0  # other replicas' requests show up
+    w.inflight = 9
+    assert w.load(now=100.0, max_age=3.0) == 9.0  # our own dispatches since the poll
+    w.inflight = 1
+    assert w.load(now=110.0, max_age=3.0) == 1.0  # a stale report is ignored
+
+
+def test_page_size_prefers_the_kv_event_block_size() -> None:
+    assert page_size_of({"page_size": 16, "kv_events": {"block_size": 32}}) == 32
+    assert page_size_of({"page_size": 16, "kv_events": None}) == 16
+    assert page_size_of({}) is None
+
+
+def test_models_union_of_v1_models_and_model_info() -> None:
+    got = models_of({"data": [{"id": "served"}]}, {"model_path": "/m/path", "x": 1})
+    assert got == {"served", "/m/path"}
+    assert models_of(None, None) == frozenset()
+
+
+def test_worker_urls_are_normalized_and_checked() -> None:
+    assert normalize_url(" http://h:1/ ") == "http://h:1"
+    for bad in ("h:1", "ftp://h", "http://"):
+        with pytest.raises(ValueError):
+            normalize_url(bad)
