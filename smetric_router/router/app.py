@@ -28,6 +28,9 @@ from smetric_router.router.workers import PageSizeMismatch, WorkerRegistry
 log = logging.getLogger(__name__)
 
 STATE: web.AppKey[RouterState] = web.AppKey("smetric_router_state")
+# A client that goes away cancels its handler, which closes the upstream request at once (the
+# worker then aborts it) instead of when the next chunk fails to write.
+RUNNER_OPTIONS: dict[str, Any] = {"handler_cancellation": True, "access_log": None}
 
 
 class RouterState:

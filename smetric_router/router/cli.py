@@ -196,13 +196,13 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
 
 async def serve(config: RouterConfig) -> None:
     """Run until SIGINT/SIGTERM."""
-    from smetric_router.router.app import build_app, metrics_app
+    from smetric_router.router.app import RUNNER_OPTIONS, build_app, metrics_app
     from smetric_router.router.assemble import make_state
 
     state = make_state(config)
-    runners = [web.AppRunner(build_app(state), access_log=None)]
+    runners = [web.AppRunner(build_app(state), **RUNNER_OPTIONS)]
     if config.prometheus_port is not None:
-        runners.append(web.AppRunner(metrics_app(state), access_log=None))
+        runners.append(web.AppRunner(metrics_app(state), **RUNNER_OPTIONS))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestServer
 
 from smetric_router.features.chat import load_codec
 from smetric_router.features.extract import FeatureExtractor
-from smetric_router.router.app import RouterState, build_app
+from smetric_router.router.app import RUNNER_OPTIONS, RouterState, build_app
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.routing import HitIndex
 from tests.router.fakes import FakeWorker
@@ -68,7 +68,7 @@ async def make_router(codec: Any) -> AsyncIterator[MakeRouter]:
             text_tree=None,
             kv_feeds=None,
         )
-        server = TestServer(build_app(state), host="127.0.0.1")
+        server = TestServer(build_app(state), host="127.0.0.1", **RUNNER_OPTIONS)
         await server.start_server()
         servers.append(server)
         return RouterUnderTest(state, server)

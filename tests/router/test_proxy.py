@@ -165,3 +165,23 @@ async def test_worker_lost_mid_stream_ends_with_error_then_done(
         async with s.post(router.url + "/generate", json=body) as resp:
             assert (await resp.read()).endswith(b"data: [DONE]\n\n")
     await eventually(lambda: router.state.registry.workers[w.url].inflight == 0)
+
+
+async def test_client_leaving_mid_stream_releases_the_worker(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    w = await make_worker("a")
+    w.hold_stream = True
+    router = await make_router([w.url])
+    worker = router.state.registry.workers[w.url]
+    body = {"text": "hello", "stream": True}
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(router.url + "/generate", json=body)
+        await resp.content.readuntil(b"\n\n")
+        assert worker.inflight == 1
+        resp.close()  # the client goes away while the worker still streams
+    await eventually(lambda: worker.inflight == 0)
+    async with aiohttp.ClientSession() as s:
+        w.hold_stream = False
+        async with s.post(router.url + "/generate", json=body) as resp:
+            assert (await resp.read()).endswith(b"data: [DONE]\n\n")
