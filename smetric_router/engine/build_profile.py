@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from smetric_router.engine.timing import PROFILES_DIR
+from smetric_router.engine.timing import PROFILES_DIR, TimingModel
 
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "reference" / "h20-kernel-data"
 TOKEN_GRID = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -284,7 +284,9 @@ def build(data: Path, gpu: Gpu) -> dict[str, Any]:
         "elementwise_bytes_per_token_layer": ew_bytes,
         "sources": __doc__,
     }
-    if gpu is not H20:
+    if gpu is H20:
+        profile["anchors"] = _anchors(profile)
+    else:
         profile["derived"] = (
             f"{gpu.name} is derived from the H20 tables, not measured: each kernel time becomes"
             f" max(H20 time * {H20.bf16_flops / 1e12:.0f}/{gpu.bf16_flops / 1e12:.0f} TFLOPS,"
@@ -296,6 +298,29 @@ def build(data: Path, gpu: Gpu) -> dict[str, Any]:
 
 
 _RESERVE = 8e9
+
+
+def _anchors(profile: dict[str, Any]) -> dict[str, Any]:
+    """How near the model lands to SGLang's measured figures, in their settings."""
+    one, ep4 = TimingModel(profile), TimingModel(profile, ep_size=4)
+    prefill = 16384 / one.step_seconds([(0, 4096)] * 4, 0, 0)
+    # mean decode context over a 2,048-token output after a 4,096-token prompt
+    tpot = ep4.step_seconds([], 100, 100 * (4096 + 1024))
+    return {
+        "prefill_tokens_per_gpu_s": {"model": round(prefill), "sglang": 16594},
+        "decode_tokens_per_gpu_s": {"model": round(100 / tpot), "sglang": 2749},
+        "decode_tpot_ms": {"model": round(tpot * 1e3, 1), "sglang": 38},
+        "notes": (
+            f"prefill: one step of 4 x 4,096-token prompts (16,384 tokens), 1 GPU:"
+            f" {prefill / 16594 - 1:+.1%}. decode: the anchor ran 4 GPUs with DP attention and"
+            " EP4 MoE; modelled per GPU as its own 100 requests' attention plus the EP4"
+            " grouped-GEMM table (32 local experts, 800 token-expert pairs) plus two all-to-alls"
+            f" per layer: {100 / tpot / 2749 - 1:+.1%}. The engine's default layout is one GPU"
+            f" per instance (all 128 experts local): batch 100 decodes at"
+            f" {100 / one.step_seconds([], 100, 100 * 5120):.0f} tokens/s there."
+            " tests/engine/test_timing_calibration.py checks both anchors through the engine."
+        ),
+    }
 
 
 def _gpu_kv_tokens(gpu: Gpu, model: Model) -> int:

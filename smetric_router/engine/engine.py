@@ -82,6 +82,8 @@ class Engine:
         self._cached_tokens = 0
         self._uncached_total = 0
         self._recent: deque[tuple[float, int]] = deque(maxlen=_THROUGHPUT_WINDOW)
+        # set when the queue head did not fit; cleared when a request releases its pages
+        self._admission_blocked = False
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -134,7 +136,12 @@ class Engine:
                 chunks.append((r, q))
                 budget -= q
         load_s = 0.0
-        while budget > 0 and self._waiting and len(self._running) < cfg.max_running_requests:
+        while (
+            budget > 0
+            and self._waiting
+            and not self._admission_blocked
+            and len(self._running) < cfg.max_running_requests
+        ):
             r = self._waiting[0]
             seconds = self._admit(r, result)
             if seconds is None:
@@ -197,6 +204,7 @@ class Engine:
         if need > free:
             cache.unlock(deepest)
             if self._running:
+                self._admission_blocked = True
                 return None
             # nothing running and the cache is as empty as it gets: it can never fit
             self._by_rid.pop(r.req.rid, None)
@@ -258,6 +266,7 @@ class Engine:
         self._release(r)
 
     def _release(self, r: _Req) -> None:
+        self._admission_blocked = False
         self._reserved -= r.reserved
         r.reserved = 0
         self.cache.unlock(r.node)

@@ -149,7 +149,6 @@ class RadixCache:
                 if not gpu_run:
                     gpu_runs.append((i, gpu_run))
                 gpu_run.append(h)
-                self._push(self._gpu_heap, node)
             elif gpu_run:
                 gpu_run = []
             if self.host_capacity > 0 and not node.on_host and self._host_room(host_removed):
@@ -161,6 +160,9 @@ class RadixCache:
             elif host_run:
                 host_run = []
             parent = node
+        if added and node is not None:
+            # only the last page can be a GPU leaf; the others just got a GPU child
+            self._push(self._gpu_heap, node)
         events: list[KVCacheEvent] = []
         if host_removed:
             events.append(BlockRemoved(block_hashes=host_removed, medium=CPU_PINNED))
@@ -196,13 +198,17 @@ class RadixCache:
         """Evict up to n_pages unlocked GPU leaves, least recently used first."""
         removed: list[int] = []
         heap = self._gpu_heap
-        while len(removed) < n_pages and heap:
-            last, _, node = heapq.heappop(heap)
-            if not (node.alive and node.on_gpu and node.lock == 0 and node.gpu_children == 0):
-                continue
-            if last != node.last:
-                self._push(heap, node)
-                continue
+        nxt: PageNode | None = None
+        while len(removed) < n_pages and (nxt is not None or heap):
+            if nxt is not None:
+                node, nxt = nxt, None
+            else:
+                last, _, node = heapq.heappop(heap)
+                if not (node.alive and node.on_gpu and node.lock == 0 and node.gpu_children == 0):
+                    continue
+                if last != node.last:
+                    self._push(heap, node)
+                    continue
             node.on_gpu = False
             self.gpu_used -= 1
             removed.append(node.hash)
@@ -210,11 +216,17 @@ class RadixCache:
             if parent is not None:
                 parent.gpu_children -= 1
                 if parent.gpu_children == 0:
-                    self._push(heap, parent)
-            if node.on_host:
-                self._push(self._host_heap, node)
-            else:
+                    # walk up a chain directly while the parent is still the least recent
+                    if parent.lock == 0 and (not heap or parent.last <= heap[0][0]):
+                        nxt = parent
+                    else:
+                        self._push(heap, parent)
+            if not node.on_host:
                 self._remove(node)
+            elif node.children == 0:
+                self._push(self._host_heap, node)
+        if nxt is not None:
+            self._push(heap, nxt)
         events: list[KVCacheEvent] = []
         if removed:
             events.append(BlockRemoved(block_hashes=removed, medium=GPU))

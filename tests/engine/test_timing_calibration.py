@@ -76,3 +76,17 @@ def test_prefill_chunk_cost_grows_with_cached_context() -> None:
     t = TimingModel.load(PROFILE)
     assert t.step_seconds([(30_000, 2000)], 0, 0) > t.step_seconds([(0, 2000)], 0, 0)
     assert t.step_seconds([(0, 0)], 0, 0) == 0.0
+
+
+def test_committed_profiles_are_what_build_profile_writes() -> None:
+    import json
+
+    from smetric_router.engine import build_profile as bp
+    from smetric_router.engine.timing import PROFILES_DIR
+
+    if not bp.DEFAULT_DATA.is_dir():
+        pytest.skip("shared/reference/h20-kernel-data is not checked out beside the repo")
+    for gpu in (bp.H20, bp.H200):
+        built = json.loads(json.dumps(bp.build(bp.DEFAULT_DATA, gpu)))
+        committed = json.loads((PROFILES_DIR / f"{built['name']}.json").read_text())
+        assert built == committed
