@@ -209,6 +209,9 @@ class EngineRunner:
             t = self._tracked.get(rid)
             if t is None:
                 continue
-            t.n_out = len(t.output_ids)
-            t.finished = True
+            if t.n_out < len(t.output_ids):
+                # the engine drops a request that cannot fit its KV pool even when empty
+                t.abort_message = "request does not fit the KV cache"
+            else:
+                t.finished = True
             t.changed.set()

@@ -14,8 +14,8 @@ import pytest
 from smetric_router.emulator.config import EmulatorConfig
 from smetric_router.emulator.server import make_app, start_server
 from smetric_router.engine.api import EngineConfig
+from smetric_router.engine.engine import Engine
 from smetric_router.features.chat import DEFAULT_TOKENIZER_DIR, ChatCodec, load_codec
-from tests.emulator.fake_engine import FakeEngine
 
 MODEL = "emu-test"
 PAGE = 16
@@ -68,11 +68,11 @@ async def worker() -> AsyncIterator[Worker]:
         tokenizer_path=str(DEFAULT_TOKENIZER_DIR),
         kv_events_port=free_port(),
         kv_events_replay_port=free_port(),
-        speedup=4.0,
+        speedup=50.0,
         engine=EngineConfig(page_size=PAGE, gpu_kv_tokens=1 << 16),
     )
     codec = load_codec()
-    app = make_app(config, FakeEngine(config.engine), codec)
+    app = make_app(config, Engine(config.engine), codec)
     runner = await start_server(app, config.host, config.port)
     async with aiohttp.ClientSession() as http:
         yield Worker(f"http://{config.host}:{config.port}", http, config, codec)
