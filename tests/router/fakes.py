@@ -30,6 +30,7 @@ class FakeWorker:
         self.headers: list[dict[str, str]] = []
         self.fail_next = 0  # answer the next n generation requests with 503, before any byte
         self.die_mid_stream_next = 0  # cut the connection after the first stream chunk
+        self.cut_event = False  # when cutting, send only half of the second event first
         self.hold_stream = False  # after the first chunk, wait for `release` before finishing
         self.release = asyncio.Event()
         self.healthy = True
@@ -145,6 +146,8 @@ class FakeWorker:
         await resp.write(chunks[0])
         if self.die_mid_stream_next > 0:
             self.die_mid_stream_next -= 1
+            if self.cut_event:
+                await resp.write(chunks[1][:9])
             assert request.transport is not None
             request.transport.abort()
             return resp

@@ -185,3 +185,17 @@ async def test_client_leaving_mid_stream_releases_the_worker(
         w.hold_stream = False
         async with s.post(router.url + "/generate", json=body) as resp:
             assert (await resp.read()).endswith(b"data: [DONE]\n\n")
+
+
+async def test_worker_lost_mid_event_still_yields_a_parseable_error_event(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    w = await make_worker("a")
+    w.die_mid_stream_next, w.cut_event = 1, True
+    router = await make_router([w.url])
+    url = router.url + "/generate"
+    async with aiohttp.ClientSession() as s, s.post(url, json={"text": "x", "stream": True}) as r:
+        events = (await r.read()).split(b"\n\n")
+    assert events[1] == b'data: {"t'  # the half event, closed off on its own
+    assert orjson.loads(events[2][len(b"data: ") :])["error"]["code"] == "worker_lost"
+    assert events[3:] == [b"data: [DONE]", b""]
