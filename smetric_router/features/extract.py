@@ -24,6 +24,8 @@ from smetric_router.features.hashing import ChainState, as_u32
 TURN_HEADER = "x-smetric-turn"
 HISTORY_HEADER = "x-smetric-history-tokens"
 HINT_FIELD = "smetric"
+_PEEK = 32  # characters from each end of a message that go into its cache keys
+_APPENDED = 8  # a follow-up is looked up as an earlier request plus up to this many messages
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -35,10 +37,11 @@ class _Lru(Generic[K, V]):
         self._capacity = capacity
 
     def get(self, key: K) -> V | None:
-        value = self._data.get(key)
-        if value is not None:
+        try:
             self._data.move_to_end(key)
-        return value
+        except KeyError:
+            return None
+        return self._data[key]
 
     def put(self, key: K, value: V) -> None:
         self._data[key] = value
@@ -52,13 +55,20 @@ class _Lru(Generic[K, V]):
 
 @dataclass(frozen=True, slots=True)
 class _Prefix:
-    """The page-hash chain after a rendered message prefix. Hashes are stored once, as the
-    segment each message completes, linked to the parent prefix: memory per conversation stays
-    linear in its pages however many of its prefixes are cached."""
+    """The page-hash chain and turn counts after a rendered message prefix.
+
+    Hashes are stored once, as the segment each message completes, linked to the parent prefix:
+    memory per conversation stays linear in its pages however many of its prefixes are cached.
+    role and text identify the last message exactly (text is the object the run cache keeps).
+    """
 
     chain: ChainState
     segment: array[int]  # signed int64 block hashes of the pages this message completed
     parent: _Prefix | None
+    role: str = ""
+    text: str = ""
+    turns: int = 0  # assistant messages so far
+    est_hit: int = 0  # rendered tokens through the last assistant message's <|im_end|>
 
     def page_hashes(self) -> array[int]:
         segments = []
@@ -70,6 +80,25 @@ class _Prefix:
         for segment in reversed(segments):
             out.extend(segment)
         return out
+
+    def texts(self) -> list[str]:
+        out = []
+        node: _Prefix | None = self
+        while node is not None and node.parent is not None:
+            out.append(node.text)
+            node = node.parent
+        out.reverse()
+        return out
+
+
+def _peek(message: object) -> int:
+    """A cheap fingerprint of a raw message (bounded work; equality is checked separately)."""
+    if type(message) is not dict:
+        return 0
+    content = message.get("content")
+    if type(content) is str:
+        return hash((message.get("role"), len(content), content[:_PEEK], content[-_PEEK:]))
+    return hash((message.get("role"), len(message), type(content).__name__))
 
 
 def strip_hint(body: dict[str, Any]) -> bool:
@@ -86,6 +115,7 @@ class FeatureExtractor:
     cache_entries bounds each LRU cache (token runs per message; chain states per prefix).
     keep_text=False skips building RequestFeatures.text, which only `cache_aware` reads.
     RequestFeatures.page_hashes is an array('q') of signed int64 block hashes (do not mutate).
+    Chat message objects are kept for comparison with the next turn: do not mutate them.
     """
 
     def __init__(
@@ -103,7 +133,8 @@ class FeatureExtractor:
         self.page_size = page_size
         self.keep_text = keep_text
         self._runs: _Lru[tuple[str, str], array[int]] = _Lru(cache_entries)
-        self._prefixes: _Lru[int, _Prefix] = _Lru(cache_entries)
+        self._prefixes: _Lru[tuple[int, int], _Prefix] = _Lru(cache_entries)
+        self._tips: _Lru[tuple[int, int], tuple[_Prefix, list[Any]]] = _Lru(cache_entries)
         self._root = _Prefix(ChainState(page_size), array("q"), None)
         self._newline_len = len(codec.encode("\n"))
         self._generation_prompt = as_u32(codec.generation_prompt)
@@ -114,28 +145,12 @@ class FeatureExtractor:
         """turn = assistant messages; est_hit = rendered tokens through the last assistant
         message's <|im_end|> (what the worker that produced it cached), 0 on turn 0."""
         messages = _messages(body)
-        prefix = self._root
-        key = 0
-        turn = 0
-        est_hit = 0
-        texts: list[str] = []
-        for i, message in enumerate(messages):
-            role = message_role(message, i)
-            text = content_text(message, i)
-            # Python's str hash is a keyed 64-bit SipHash: a rolling digest of the prefix that
-            # costs one pass over each new string (an exact key would compare all history).
-            key = hash((key, role, text))
-            node = self._prefixes.get(key)
-            if node is None:
-                chain, new = prefix.chain.extend(self._run(role, text))
-                node = _Prefix(chain, array("q", new), prefix)
-                self._prefixes.put(key, node)
-            prefix = node
-            if role == "assistant":
-                turn += 1
-                est_hit = node.chain.tokens - self._newline_len
-            if self.keep_text:
-                texts.append(text)
+        n = len(messages)
+        start, prefix = self._known_prefix(messages)
+        for i in range(start, n):
+            prefix = self._extend(prefix, messages[i], i)
+        if start < n:
+            self._tips.put((n, _peek(messages[-1])), (prefix, list(messages)))
         final, tail = prefix.chain.extend(self._generation_prompt)
         hashes = prefix.page_hashes()
         hashes.extend(tail)
@@ -143,11 +158,44 @@ class FeatureExtractor:
             prompt_len=final.tokens,
             page_hashes=hashes,
             page_size=self.page_size,
-            turn=turn,
-            est_hit=est_hit,
-            text="".join(texts),
+            turn=prefix.turns,
+            est_hit=prefix.est_hit,
+            text="".join(prefix.texts()) if self.keep_text else "",
             model=_model(body),
         )
+
+    def _known_prefix(self, messages: list[Any]) -> tuple[int, _Prefix]:
+        """The longest earlier request that this one extends (a follow-up appends a few
+        messages), confirmed by comparing the message lists in C: no per-message Python work
+        and no hashing over the history."""
+        n = len(messages)
+        for k in range(n, max(0, n - _APPENDED), -1):
+            tip = self._tips.get((k, _peek(messages[k - 1])))
+            if tip is not None and tip[1] == messages[:k]:
+                return k, tip[0]
+        return 0, self._root
+
+    def _extend(self, prefix: _Prefix, message: Any, index: int) -> _Prefix:
+        role = message_role(message, index)
+        text = content_text(message, index)
+        # Nodes are cached per message prefix so that a request forking an earlier one
+        # mid-conversation rehashes only from the fork; a hit is confirmed exactly.
+        key = (id(prefix), _peek(message))
+        node = self._prefixes.get(key)
+        if node is None or node.parent is not prefix or node.text != text or node.role != role:
+            chain, new = prefix.chain.extend(self._run(role, text))
+            assistant = role == "assistant"
+            node = _Prefix(
+                chain,
+                array("q", new),
+                prefix,
+                role,
+                text,
+                prefix.turns + assistant,
+                chain.tokens - self._newline_len if assistant else prefix.est_hit,
+            )
+            self._prefixes.put(key, node)
+        return node
 
     def _run(self, role: str, text: str) -> array[int]:
         run = self._runs.get((role, text))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import orjson
 import pytest
 
 from smetric_router.features.chat import ChatCodec, load_codec
@@ -89,7 +90,9 @@ def test_incremental_hashes_equal_full_render(codec: ChatCodec) -> None:
         extractor = FeatureExtractor(codec, page_size=page_size, cache_entries=64)
         for seed in range(4):
             for turn, messages in enumerate(agent_turns(codec, 6, seed * 10 + page_size)):
-                f = extractor.from_chat({"messages": messages})
+                # a fresh parse each time, as the router sees it: no object is shared with the
+                # previous turn's request
+                f = extractor.from_chat({"messages": orjson.loads(orjson.dumps(messages))})
                 prompt = codec.render_messages(messages, add_generation_prompt=True)
                 assert list(f.page_hashes) == page_hashes(prompt, page_size)
                 assert f.prompt_len == len(prompt)
@@ -124,11 +127,27 @@ def test_token_runs_are_shared_across_prefixes(codec: ChatCodec) -> None:
     assert list(f.page_hashes) == page_hashes(prompt, 16)
 
 
+def test_edited_history_is_not_mistaken_for_the_cached_one(codec: ChatCodec) -> None:
+    extractor = FeatureExtractor(codec, page_size=4)
+    original = "x" * 40 + " original " + "y" * 40
+    edited = "x" * 40 + " modified " + "y" * 40  # same length and ends: same cache fingerprint
+    for content in (original, edited, original):
+        messages = [
+            {"role": "user", "content": content},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "next"},
+        ]
+        for k in (1, 3):
+            f = extractor.from_chat({"messages": messages[:k]})
+            prompt = codec.render_messages(messages[:k], add_generation_prompt=True)
+            assert list(f.page_hashes) == page_hashes(prompt, 4)
+
+
 def test_caches_are_bounded(codec: ChatCodec) -> None:
     extractor = FeatureExtractor(codec, page_size=16, cache_entries=8)
     for i in range(50):
         extractor.from_chat({"messages": [{"role": "user", "content": f"question {i}"}]})
-    assert len(extractor._runs) <= 8 and len(extractor._prefixes) <= 8
+    assert len(extractor._runs) <= 8 and len(extractor._prefixes) <= 8 and len(extractor._tips) <= 8
 
 
 def test_keep_text_off(codec: ChatCodec) -> None:
