@@ -102,7 +102,7 @@ class RouterMetrics:
         )
         self.decide_seconds = Histogram(
             "smetric_decision_seconds",
-            "Features + view + decide, per request",
+            "Request arrival to decision: body read, features, view, decide",
             buckets=(1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1),
             registry=r,
         )
