@@ -17,7 +17,6 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.router.errors import RouterError, sse_error_event
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.routing import Routed, Router
@@ -87,19 +86,28 @@ class Proxy:
         excluded: list[str] = []
         while True:
             worker = self.registry.workers.get(routed.decision.worker)
-            if worker is None:  # removed between snapshot and dispatch
-                why = "removed"
-                resp = None
+            # On the last try a worker's own 5xx goes back to the client as it is.
+            last = not self._can_retry(routed, excluded)
+            if worker is None:  # removed while an earlier try was in flight
+                why, resp = "removed", None
             else:
-                why, resp = await self._send(worker, path, body, headers)
+                try:
+                    why, resp = await self._send(worker, path, body, headers, last)
+                except asyncio.TimeoutError:
+                    raise RouterError(
+                        504,
+                        f"worker {worker.url} did not answer within the request timeout",
+                        type_="server_error",
+                        code="worker_timeout",
+                        headers=decision_headers(routed),
+                    ) from None
             if resp is not None:
                 assert worker is not None
                 return await self._relay(request, worker, resp, routed, started, label)
-            if len(excluded) >= self.max_retries:
+            if last:
                 raise RouterError(
                     502,
-                    f"worker {routed.decision.worker} failed ({why}); "
-                    f"gave up after {len(excluded)} retries",
+                    f"worker {routed.decision.worker} failed ({why}) after {len(excluded)} retries",
                     type_="server_error",
                     code="worker_unavailable",
                     headers=decision_headers(routed),
@@ -107,19 +115,18 @@ class Proxy:
             self.metrics.retries.labels(routed.decision.worker).inc()
             log.warning("retrying away from %s: %s", routed.decision.worker, why)
             excluded.append(routed.decision.worker)
-            try:
-                routed = self.router.reroute(routed, excluded)
-            except NoWorkerAvailable:
-                raise RouterError(
-                    502,
-                    f"worker {routed.decision.worker} failed ({why}); no other worker is healthy",
-                    type_="server_error",
-                    code="worker_unavailable",
-                    headers=decision_headers(routed),
-                ) from None
+            routed = self.router.reroute(routed, excluded)
+
+    def _can_retry(self, routed: Routed, excluded: list[str]) -> bool:
+        if len(excluded) >= self.max_retries:
+            return False
+        current = routed.decision.worker
+        return any(
+            w.healthy and w.url != current and w.url not in excluded for w in routed.view.workers
+        )
 
     async def _send(
-        self, worker: Worker, path: str, body: bytes, headers: CIMultiDict[str]
+        self, worker: Worker, path: str, body: bytes, headers: CIMultiDict[str], last: bool
     ) -> tuple[str, aiohttp.ClientResponse | None]:
         """Open the request; a retryable failure comes back as (why, None)."""
         worker.inflight += 1
@@ -133,20 +140,16 @@ class Proxy:
             )
         except _UNREACHABLE as e:
             worker.inflight -= 1
-            self.registry.mark_failed(worker, str(e) or type(e).__name__)
-            return str(e) or type(e).__name__, None
-        except asyncio.TimeoutError:
-            worker.inflight -= 1
-            raise RouterError(
-                504,
-                f"worker {worker.url} did not answer within the request timeout",
-                type_="server_error",
-                code="worker_timeout",
-            ) from None
+            why = str(e) or type(e).__name__
+            # Only a refused or unroutable connection says the worker is down; a dropped
+            # keep-alive connection can be a benign race.
+            if isinstance(e, aiohttp.ClientConnectorError):
+                self.registry.mark_failed(worker, why)
+            return why, None
         except BaseException:
             worker.inflight -= 1
             raise
-        if resp.status >= 500:
+        if resp.status >= 500 and not last:
             worker.inflight -= 1
             resp.release()
             return f"HTTP {resp.status}", None

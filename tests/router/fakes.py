@@ -31,6 +31,7 @@ class FakeWorker:
         self.fail_next = 0  # answer the next n generation requests with 503, before any byte
         self.die_mid_stream_next = 0  # cut the connection after the first stream chunk
         self.cut_event = False  # when cutting, send only half of the second event first
+        self.stall = False  # accept generation requests and answer only after `release`
         self.hold_stream = False  # after the first chunk, wait for `release` before finishing
         self.release = asyncio.Event()
         self.healthy = True
@@ -133,6 +134,8 @@ class FakeWorker:
         body = await request.json()
         self.bodies.append(body)
         self.headers.append(dict(request.headers))
+        if self.stall:
+            await self.release.wait()
         if self.fail_next > 0:
             self.fail_next -= 1
             return web.json_response({"error": "injected"}, status=503)

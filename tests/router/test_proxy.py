@@ -134,17 +134,33 @@ async def test_5xx_before_first_byte_is_retried(
     assert router.state.registry.workers[a.url].healthy  # a 5xx alone does not exclude
 
 
-async def test_gives_up_after_max_retries(make_worker: MakeWorker, make_router: MakeRouter) -> None:
+async def test_last_try_returns_the_workers_own_5xx(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    a, b = await make_worker("a"), await make_worker("b")
+    a.fail_next = b.fail_next = 10
+    router = await make_router([a.url, b.url], max_retries=1)
+    async with aiohttp.ClientSession() as s:
+        body = {"model": "fake-model", "messages": MESSAGES}
+        async with s.post(router.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 503
+            assert (await resp.json()) == {"error": "injected"}
+            assert resp.headers["x-smetric-worker"] in (a.url, b.url)
+    assert len(a.bodies) == len(b.bodies) == 1  # one try each, then the answer as it was
+
+
+async def test_no_reachable_worker_is_502(make_worker: MakeWorker, make_router: MakeRouter) -> None:
     a = await make_worker("a")
-    a.fail_next = 10
-    router = await make_router([a.url], max_retries=0)
+    router = await make_router([a.url])
+    dead = a.url
+    await a.close()
     async with aiohttp.ClientSession() as s:
         body = {"model": "fake-model", "messages": MESSAGES}
         async with s.post(router.url + "/v1/chat/completions", json=body) as resp:
             assert resp.status == 502
             err = (await resp.json())["error"]
-            assert err["code"] == "worker_unavailable" and err["message"]
-            assert resp.headers["x-smetric-worker"] == a.url
+            assert err["code"] == "worker_unavailable" and dead in err["message"]
+            assert resp.headers["x-smetric-worker"] == dead
 
 
 async def test_worker_lost_mid_stream_ends_with_error_then_done(
@@ -199,3 +215,17 @@ async def test_worker_lost_mid_event_still_yields_a_parseable_error_event(
     assert events[1] == b'data: {"t'  # the half event, closed off on its own
     assert orjson.loads(events[2][len(b"data: ") :])["error"]["code"] == "worker_lost"
     assert events[3:] == [b"data: [DONE]", b""]
+
+
+async def test_stalled_worker_times_out_with_504(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    a = await make_worker("a")
+    a.stall = True
+    router = await make_router([a.url], request_timeout_secs=0.3)
+    url = router.url + "/generate"
+    async with aiohttp.ClientSession() as s, s.post(url, json={"text": "x"}) as resp:
+        assert resp.status == 504
+        assert (await resp.json())["error"]["code"] == "worker_timeout"
+        assert resp.headers["x-smetric-worker"] == a.url
+    assert router.state.registry.workers[a.url].inflight == 0
