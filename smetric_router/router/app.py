@@ -126,6 +126,8 @@ class RouterState:
     async def _worker_removed(self, url: str) -> None:
         if self.kv_feeds is not None:
             await self.kv_feeds.remove_worker(url)
+        if self.text_tree is not None:
+            self.text_tree.remove_worker(url)
 
     def sample_workers(self) -> list[WorkerSample]:
         if self._registry is None:
@@ -319,6 +321,10 @@ async def handle_flush_cache(request: web.Request) -> web.Response:
             return 502, f"unreachable: {e or type(e).__name__}"
 
     results = await asyncio.gather(*(flush(w.url) for w in workers))
+    if state.text_tree is not None:  # the text tree's guess of a flushed cache is empty too
+        for w, (status, _) in zip(workers, results, strict=True):
+            if status == 200:
+                state.text_tree.remove_worker(w.url)
     failures = [s for s, _ in results if s != 200]
     per_worker = zip(workers, results, strict=True)
     body = {"results": {w.url: {"status": s, "body": b} for w, (s, b) in per_worker}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.subscriber import KvEventHub
+from smetric_router.cluster.text_tree import TextTree
 from smetric_router.features.chat import load_codec
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.policies import make_policy
@@ -23,6 +24,6 @@ def make_state(config: RouterConfig) -> RouterState:
         config,
         features_for=features_for,
         hits=index,
-        text_tree=None,
+        text_tree=TextTree() if keep_text else None,
         kv_feeds=KvEventHub(index) if config.kv_events else None,
     )

@@ -50,6 +50,8 @@ class TextTree(Protocol):
 
     def size(self, worker: str) -> int: ...
 
+    def remove_worker(self, worker: str) -> None: ...
+
 
 class Features(Protocol):
     """features.extract.FeatureExtractor as the router uses it."""

@@ -15,7 +15,7 @@ from smetric_router.features.chat import load_codec
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.router.app import RUNNER_OPTIONS, RouterState, build_app
 from smetric_router.router.config import RouterConfig
-from smetric_router.router.routing import HitIndex
+from smetric_router.router.routing import HitIndex, TextTree
 from tests.router.fakes import FakeWorker
 
 # Background loops are slow unless a test needs them: no test waits on them by accident.
@@ -58,14 +58,17 @@ async def make_router(codec: Any) -> AsyncIterator[MakeRouter]:
     servers: list[TestServer] = []
 
     async def make(
-        urls: list[str], hits: HitIndex | None = None, **overrides: Any
+        urls: list[str],
+        hits: HitIndex | None = None,
+        text_tree: TextTree | None = None,
+        **overrides: Any,
     ) -> RouterUnderTest:
         config = replace(BASE, worker_urls=tuple(urls), **overrides)
         state = RouterState(
             config,
             features_for=lambda page_size: FeatureExtractor(codec, page_size=page_size),
             hits=hits,
-            text_tree=None,
+            text_tree=text_tree,
             kv_feeds=None,
         )
         server = TestServer(build_app(state), host="127.0.0.1", **RUNNER_OPTIONS)

@@ -7,6 +7,7 @@ from typing import Any
 import aiohttp
 
 from smetric_router.cluster.kv_index import KvIndex
+from smetric_router.cluster.text_tree import TextTree
 from smetric_router.core.kv_events import GPU, BlockStored, KVEventBatch
 from smetric_router.features.extract import FeatureExtractor
 from tests.router.conftest import MakeRouter, MakeWorker
@@ -90,3 +91,23 @@ async def test_raw_prompt_follow_up_inferred_from_exclusive_hit(
     assert reason == "first-turn-balance"
     served = a if chosen == a.url else b
     assert "smetric" not in served.bodies[-1]
+
+
+async def test_cache_aware_follows_the_text_tree(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    a, b = await make_worker("a"), await make_worker("b")
+    tree = TextTree()
+    router = await make_router([a.url, b.url], text_tree=tree, policy="cache_aware")
+    url = router.url + "/v1/completions"
+    long = {"model": "fake-model", "prompt": "shared repository context " * 20 + "task one"}
+    first, reason = await post(url, long)
+    assert reason == "cache_aware" and tree.size(first) > 0
+    # The same prefix follows the tree; an unrelated prompt goes to the smaller tree.
+    again = {**long, "prompt": long["prompt"] + " and more"}
+    assert await post(url, again) == (first, "cache_aware")
+    other, _ = await post(url, {"model": "fake-model", "prompt": "unrelated question"})
+    assert other != first
+    async with aiohttp.ClientSession() as s, s.post(router.url + "/flush_cache") as resp:
+        assert resp.status == 200
+    assert tree.size(a.url) == tree.size(b.url) == 0
