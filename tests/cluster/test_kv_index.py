@@ -13,6 +13,7 @@ from smetric_router.core.kv_events import (
     BlockStored,
     KVEventBatch,
 )
+from smetric_router.features.hashing import page_hashes
 
 PAGE = 16
 
@@ -270,3 +271,13 @@ def test_match_is_fast_for_long_prompts_at_32_workers() -> None:
     assert len(got) == 32
     # the design target is ~0.3 ms; the bound leaves room for a slow, shared CI machine
     assert best < 0.003, best
+
+
+def test_follow_up_prompt_hits_the_pages_sglang_reported() -> None:
+    first = list(range(1000, 1100))  # 6 full pages + 4 tokens SGLang does not report
+    follow_up = [*first, *range(5000, 5040)]
+    pages = page_hashes(first, PAGE)
+    idx = KvIndex()
+    idx.apply("a", batch(stored(pages[:4], None), stored(pages[4:], pages[3])))
+    assert idx.match(page_hashes(follow_up, PAGE), PAGE) == {"a": (6 * PAGE, 6 * PAGE)}
+    assert idx.match(page_hashes([7, *first], PAGE), PAGE) == {"a": (0, 0)}
