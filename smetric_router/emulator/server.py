@@ -68,7 +68,7 @@ class Emulator:
                 endpoint, self.config.kv_events_replay_endpoint, topic=self.config.kv_events_topic
             )
         self.runner.start()
-        log.info("%s; kv events: %s", NOTICE, endpoint or "off")
+        log.info("engine loop started; kv events: %s", endpoint or "off")
 
     async def stop(self) -> None:
         await self.runner.stop()
@@ -353,10 +353,12 @@ async def _openai(
             obj["sglext"] = {"cached_tokens_details": _cached_details(t)}
         return obj
 
-    def choice(text: str, delta: bool) -> Json:
+    def choice(text: str, delta: bool, first: bool = True) -> Json:
         c: Json = {"index": 0}
         if chat:
-            c["delta" if delta else "message"] = {"role": "assistant", "content": text}
+            c["delta" if delta else "message"] = (
+                {"role": "assistant", "content": text} if first else {"content": text}
+            )
         else:
             c["text"] = text
         c["logprobs"] = None
@@ -374,12 +376,13 @@ async def _openai(
         return with_ext(obj)
 
     async def chunks() -> AsyncIterator[Json]:
-        sent = ""
+        sent, sent_any = "", False
         chunk_kind = "chat.completion.chunk" if chat else "text_completion"
         async for _ in _progress(t):
             text = answer.text_at(em.codec, t.n_out)
             delta, sent = text[len(sent) :], text
-            yield {**head, "object": chunk_kind, "choices": [choice(delta, True)]}
+            yield {**head, "object": chunk_kind, "choices": [choice(delta, True, not sent_any)]}
+            sent_any = True
         if include_usage:
             yield with_ext({**head, "object": chunk_kind, "choices": [], "usage": _usage(t)})
 

@@ -21,10 +21,16 @@ MODEL = "emu-test"
 PAGE = 16
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports (held together while chosen, so none is handed out twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @dataclass
@@ -61,13 +67,14 @@ class Worker:
 
 @pytest.fixture
 async def worker() -> AsyncIterator[Worker]:
+    http_port, events_port, replay_port = free_ports(3)
     config = EmulatorConfig(
         host="127.0.0.1",
-        port=free_port(),
+        port=http_port,
         model_name=MODEL,
         tokenizer_path=str(DEFAULT_TOKENIZER_DIR),
-        kv_events_port=free_port(),
-        kv_events_replay_port=free_port(),
+        kv_events_port=events_port,
+        kv_events_replay_port=replay_port,
         speedup=50.0,
         engine=EngineConfig(page_size=PAGE, gpu_kv_tokens=1 << 16),
     )
