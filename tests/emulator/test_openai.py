@@ -74,6 +74,8 @@ async def test_chat_stream_with_usage(worker: Worker) -> None:
     assert len({c["id"] for c in events[:-1]}) == 1
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:])
     text = "".join(c["choices"][0]["delta"]["content"] for c in chunks)
     assert len(worker.codec.encode(text)) == 11
     assert usage_chunk["choices"] == []
