@@ -57,8 +57,6 @@ class Counters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     cached_tokens: int = 0
-    cached_device: int = 0
-    cached_host: int = 0
 
 
 class EngineRunner:
@@ -99,23 +97,22 @@ class EngineRunner:
             raise DuplicateRid(f"request id {rid!r} is already in flight")
         t = Tracked(rid, input_ids, output_ids, counted)
         self._tracked[rid] = t
-        self.engine.add_request(EngineRequest(rid, list(input_ids), list(output_ids)))
+        self.engine.add_request(EngineRequest(rid, input_ids, output_ids))
         if counted:
             self.counters.requests += 1
             self.counters.prompt_tokens += len(input_ids)
         self._wake.set()
         return t
 
-    def abort(self, rid: str, message: str = "Abort requested") -> bool:
+    def abort(self, rid: str, message: str = "Abort requested") -> None:
         t = self._tracked.pop(rid, None)
         if t is None:
-            return False
+            return
         self.engine.abort(rid)
         if not t.done:
             t.abort_message = message
             t.changed.set()
         self._emit(self.engine.drain_events())
-        return True
 
     def abort_all(self) -> None:
         for rid in list(self._tracked):
@@ -194,8 +191,6 @@ class EngineRunner:
             t.cached = cached
             if t.counted:
                 c.cached_tokens += cached.total
-                c.cached_device += cached.device
-                c.cached_host += cached.host
             t.changed.set()
         for rid, n in emitted:
             t = self._tracked.get(rid)
