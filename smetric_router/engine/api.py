@@ -34,7 +34,7 @@ class EngineRequest:
 
 @dataclass(frozen=True, slots=True)
 class CachedTokens:
-    """Prompt tokens served from cache when the request was scheduled (SGLang cached_tokens_details)."""
+    """Prompt tokens served from cache at scheduling time (SGLang cached_tokens_details)."""
 
     device: int = 0
     host: int = 0
@@ -84,7 +84,7 @@ class EngineModel(Protocol):
     def has_work(self) -> bool: ...
 
     def step(self) -> StepResult:
-        """Run one scheduler iteration (admit, chunked prefill, one decode token per running req)."""
+        """One scheduler iteration: admit, chunked prefill, one decode token per running req."""
         ...
 
     def match_prefix(self, token_ids: list[int]) -> CachedTokens:
@@ -92,7 +92,7 @@ class EngineModel(Protocol):
         ...
 
     def flush(self) -> bool:
-        """Drop every cached page (emits AllBlocksCleared); False if requests are running or waiting."""
+        """Drop every cached page (emits AllBlocksCleared); False while requests run or wait."""
         ...
 
     def load(self) -> LoadSnapshot: ...

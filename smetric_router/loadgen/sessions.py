@@ -113,8 +113,8 @@ async def run_session(
     for turn in range(turns):
         raw = await client.chat.completions.with_raw_response.create(
             model=model,
-            messages=messages,
-            max_tokens=max_tokens,  # type: ignore[arg-type]
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
         )
         reply = raw.parse()
         usage = reply.usage

@@ -266,7 +266,14 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 
 async def handle_list_workers(request: web.Request) -> web.Response:
-    return web.json_response({"workers": request.app[STATE].registry.describe()}, dumps=_dumps)
+    state = request.app[STATE]
+    workers = state.registry.describe()
+    if state.hits is not None:
+        # What the router believes each worker caches, from its KV events (pages per tier).
+        for w in workers:
+            st = state.hits.stats(w["url"])
+            w["kv_pages"] = {"gpu": st.gpu_pages, "host": st.host_pages}
+    return web.json_response({"workers": workers}, dumps=_dumps)
 
 
 async def handle_add_worker(request: web.Request) -> web.Response:

@@ -40,6 +40,16 @@ class HitIndex(Protocol):
         self, page_hashes: Sequence[int], page_size: int
     ) -> Mapping[str, tuple[int, int]]: ...
 
+    def stats(self, worker: str) -> PageCounts: ...
+
+
+class PageCounts(Protocol):
+    @property
+    def gpu_pages(self) -> int: ...
+
+    @property
+    def host_pages(self) -> int: ...
+
 
 class TextTree(Protocol):
     """cluster.text_tree as the router uses it (cache_aware baseline only)."""

@@ -1,10 +1,12 @@
 """The worker registry: membership, health, reported load and the router's own in-flight counts.
 
-Load rule (what policies see as WorkerView.load): max(router in-flight, worker-reported
-num_running_reqs + num_waiting_reqs summed over DP ranks). The router's count is exact for its own
-dispatches and never stale; the reported value lags by up to one poll but also covers requests sent
-by other router replicas, so the larger of the two is the best single estimate. A reported value
-older than three poll intervals (or from a failed poll) is ignored.
+Load rule (what policies see as WorkerView.load): router in-flight + others, where others =
+max(0, reported - router in-flight when the report arrived) and reported = num_running_reqs +
+num_waiting_reqs summed over DP ranks. The router's count is exact for its own dispatches and never
+stale; the report lags by up to one poll but also covers requests sent by other router replicas.
+Only that foreign share is taken from the report, so a request of ours that just finished stops
+counting at once instead of lingering until the next poll. A report older than three poll intervals
+(or from a failed poll) is ignored.
 """
 
 from __future__ import annotations
@@ -45,14 +47,16 @@ class Worker:
     inflight: int = 0
     reported_load: float | None = None
     reported_at: float = 0.0
+    inflight_at_report: int = 0
     page_size: int | None = None
     models: frozenset[str] = frozenset()
     problem: str | None = None  # why the worker is excluded although it answers, if it is
     probed: bool = False
 
     def load(self, now: float, max_age: float) -> float:
-        reported = self.reported_load if now - self.reported_at <= max_age else None
-        return float(self.inflight if reported is None else max(self.inflight, reported))
+        if self.reported_load is None or now - self.reported_at > max_age:
+            return float(self.inflight)
+        return self.inflight + max(0.0, self.reported_load - self.inflight_at_report)
 
     def describe(self, now: float, max_age: float) -> dict[str, Any]:
         return {
@@ -275,3 +279,4 @@ class WorkerRegistry:
                 total += float(entry.get("num_waiting_reqs") or 0)
         w.reported_load = total
         w.reported_at = time.monotonic()
+        w.inflight_at_report = w.inflight

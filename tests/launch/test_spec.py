@@ -14,7 +14,8 @@ def test_committed_spec_is_the_embedded_default() -> None:
 
 
 def test_flags_override_the_spec() -> None:
-    args = build_parser().parse_args(["--workers", "8", "--policy", "load_balance", "--port", "1234"])
+    argv = ["--workers", "8", "--policy", "load_balance", "--port", "1234"]
+    args = build_parser().parse_args(argv)
     spec = resolve_spec(args)
     assert (spec.workers.count, spec.router.policy, spec.router.port) == (8, "load_balance", 1234)
 
@@ -29,7 +30,7 @@ def test_flags_override_the_spec() -> None:
         ("- a\n- b\n", "expected a mapping"),
     ],
 )
-def test_bad_specs_are_rejected_with_a_clear_message(tmp_path: Path, text: str, message: str) -> None:
+def test_bad_specs_are_rejected_clearly(tmp_path: Path, text: str, message: str) -> None:
     p = tmp_path / "spec.yaml"
     p.write_text(text)
     with pytest.raises(ValueError, match=message):

@@ -7,13 +7,18 @@ import pytest
 from smetric_router.router.workers import Worker, models_of, normalize_url, page_size_of
 
 
-def test_load_is_max_of_own_inflight_and_fresh_reported_load() -> None:
+def test_load_is_own_inflight_plus_the_foreign_share_of_a_fresh_report() -> None:
     w = Worker("http://w", inflight=3)
     assert w.load(now=100.0, max_age=3.0) == 3.0  # nothing reported yet
-    w.reported_load, w.reported_at = 7.0, 99.0
-    assert w.load(now=100.0, max_age=3.0) == 7.0  # other replicas' requests show up
-    w.inflight = 9
-    assert w.load(now=100.0, max_age=3.0) == 9.0  # our own dispatches since the poll
+    # The worker reports 7 while 3 of ours run: 4 come from other router replicas.
+    w.reported_load, w.reported_at, w.inflight_at_report = 7.0, 99.0, 3
+    assert w.load(now=100.0, max_age=3.0) == 7.0
+    w.inflight = 5
+    assert w.load(now=100.0, max_age=3.0) == 9.0  # our own dispatches since the poll add up
+    w.inflight = 0
+    assert w.load(now=100.0, max_age=3.0) == 4.0  # ours finished: only the foreign share stays
+    w.reported_load = 2.0
+    assert w.load(now=100.0, max_age=3.0) == 0.0  # the report never lowers our own count
     w.inflight = 1
     assert w.load(now=110.0, max_age=3.0) == 1.0  # a stale report is ignored
 
