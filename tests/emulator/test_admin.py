@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from smetric_router.emulator.__main__ import config_from_args, parse_args
+from smetric_router.engine.engine import Engine
 from tests.emulator.conftest import MODEL, PAGE, Worker
 
 
@@ -119,3 +120,17 @@ def test_cli_help_says_it_is_an_emulator(capsys: pytest.CaptureFixture[str]) -> 
     assert cfg.kv_events_endpoint == "tcp://127.0.0.1:9000"
     with pytest.raises(SystemExit):
         parse_args(["--kv-events-replay-port", "9001"])
+
+
+async def test_engine_failure_fails_requests_and_health(worker: Worker) -> None:
+    def broken(self: Engine) -> None:
+        raise RuntimeError("boom")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Engine, "step", broken)
+        status, out = await worker.post("/generate", {"text": "x"})
+    assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "boom" in out["meta_info"]["finish_reason"]["message"]
+    assert (await worker.get("/health"))[0] == 503
+    assert (await worker.get("/ready"))[0] == 503
+    assert (await worker.post("/generate", {"text": "x"}))[0] == 503
