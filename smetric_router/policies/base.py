@@ -20,6 +20,9 @@ class PolicyParams:
     """Tunables of all policies (defaults from the paper and from sglang-router 0.3.2)."""
 
     overload: float = 2.0  # SMetric: sticky target must carry load <= overload x mean load
+    # SMetric: ...or at most this much above the mean. Request counts are small integers at light
+    # load, where the ratio alone calls a worker with 1 request overloaded when the mean is 0.25.
+    overload_slack: float = 1.0
     hit_ratio: float = 0.5  # SMetric: sticky only if best hit > hit_ratio x est_hit
     bailian_lambda: float = 0.9  # Bailian: weight of the hit term (production favours hits)
     cache_threshold: float = 0.3  # cache_aware (sglang-router --cache-threshold)
@@ -29,6 +32,8 @@ class PolicyParams:
     def __post_init__(self) -> None:
         if self.overload <= 0:
             raise ValueError(f"overload must be > 0, got {self.overload}")
+        if self.overload_slack < 0:
+            raise ValueError(f"overload_slack must be >= 0, got {self.overload_slack}")
         if not 0 <= self.hit_ratio <= 1:
             raise ValueError(f"hit_ratio must be in [0, 1], got {self.hit_ratio}")
         if not 0 <= self.bailian_lambda <= 1:

@@ -1,7 +1,8 @@
 """SMetric's balanced session-centric scheduling (the paper's Figure 13).
 
 First request of a session -> least load. Follow-up -> the worker with the highest local hit,
-unless that worker is overloaded (load > OVERLOAD x mean) or the session looks evicted
+unless that worker is overloaded (load > OVERLOAD x mean, and more than a slack of one request
+above the mean — see PolicyParams.overload_slack) or the session looks evicted
 (best hit <= HIT_RATIO x est_hit); both guards fall back to least load. Ties round-robin.
 """
 
@@ -30,10 +31,11 @@ class SMetric:
         target = candidates[view.tick % len(candidates)]
 
         mean_load = sum(w.load for w in workers) / len(workers)
-        if target.load > self.params.overload * mean_load:
+        p = self.params
+        if target.load > max(p.overload * mean_load, mean_load + p.overload_slack):
             return Decision(least_load(workers, view.tick).url, Reason.OVERLOAD_FALLBACK.value)
         # est_hit == 0 means the request carries no countable history: nothing to have been evicted.
-        if features.est_hit > 0 and not best_hit > self.params.hit_ratio * features.est_hit:
+        if features.est_hit > 0 and not best_hit > p.hit_ratio * features.est_hit:
             return Decision(least_load(workers, view.tick).url, Reason.EVICTED_FALLBACK.value)
         return Decision(target.url, Reason.STICKY.value)
 

@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         "exceeds OVERLOAD x the mean load (it is balanced instead)",
     )
     p.add_argument(
+        "--overload-slack",
+        type=float,
+        default=_P.overload_slack,
+        help="smetric: ...and by more than this much above the mean (in load units: requests), "
+        "so that one extra request at light load is not an overload; 0 = the paper's ratio only",
+    )
+    p.add_argument(
         "--hit-ratio",
         type=float,
         default=_P.hit_ratio,
@@ -171,6 +178,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             policy=a.policy,
             policy_params=PolicyParams(
                 overload=a.overload,
+                overload_slack=a.overload_slack,
                 hit_ratio=a.hit_ratio,
                 bailian_lambda=a.bailian_lambda,
                 cache_threshold=a.cache_threshold,
