@@ -135,7 +135,12 @@ async def run_sessions(
     codec = load_codec()
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as client:
         if model is None:
-            model = (await client.models.list()).data[0].id
+            models = (await client.models.list()).data
+            if not models:
+                raise SystemExit(
+                    f"{url} serves no model yet: is the router ready (GET /readiness)?"
+                )
+            model = models[0].id
         results = await asyncio.gather(
             *(run_session(client, model, codec, s, turns, page_size, max_tokens, seed)
               for s in range(sessions))

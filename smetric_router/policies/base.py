@@ -21,8 +21,10 @@ class PolicyParams:
 
     overload: float = 2.0  # SMetric: sticky target must carry load <= overload x mean load
     # SMetric: ...or at most this much above the mean. Request counts are small integers at light
-    # load, where the ratio alone calls a worker with 1 request overloaded when the mean is 0.25.
-    overload_slack: float = 1.0
+    # load, and sessions that share a worker arrive there in step: the ratio alone then calls a
+    # worker running 2 requests overloaded when the mean is 0.5. A worker batching tens of requests
+    # does not notice two more, so only an excess beyond this slack counts (0 = the paper's rule).
+    overload_slack: float = 2.0
     hit_ratio: float = 0.5  # SMetric: sticky only if best hit > hit_ratio x est_hit
     bailian_lambda: float = 0.9  # Bailian: weight of the hit term (production favours hits)
     cache_threshold: float = 0.3  # cache_aware (sglang-router --cache-threshold)

@@ -1,7 +1,7 @@
 """SMetric's balanced session-centric scheduling (the paper's Figure 13).
 
 First request of a session -> least load. Follow-up -> the worker with the highest local hit,
-unless that worker is overloaded (load > OVERLOAD x mean, and more than a slack of one request
+unless that worker is overloaded (load > OVERLOAD x mean, and more than a slack of two requests
 above the mean — see PolicyParams.overload_slack) or the session looks evicted
 (best hit <= HIT_RATIO x est_hit); both guards fall back to least load. Ties round-robin.
 """

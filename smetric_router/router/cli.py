@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=_P.overload_slack,
         help="smetric: ...and by more than this much above the mean (in load units: requests), "
-        "so that one extra request at light load is not an overload; 0 = the paper's ratio only",
+        "so that a couple of extra requests at light load are not an overload; 0 = the paper's "
+        "ratio only",
     )
     p.add_argument(
         "--hit-ratio",

@@ -45,16 +45,16 @@ def test_load_exactly_at_threshold_still_sticks() -> None:
     assert SMETRIC.decide(req(turn=1, est_hit=800), view).reason == "sticky"
 
 
-def test_one_request_above_a_light_mean_is_not_an_overload() -> None:
-    # mean = 0.25: the ratio alone would flag 1 > 2 x 0.25, but the excess is under one request.
-    view = cluster(w(load=1, hit=800), w(), w(), w())
+def test_two_requests_above_a_light_mean_are_not_an_overload() -> None:
+    # mean = 0.5: the ratio alone would flag 2 > 2 x 0.5, but the excess is within the slack.
+    view = cluster(w(load=2, hit=800), w(), w(), w())
     assert SMETRIC.decide(req(turn=1, est_hit=800), view).reason == "sticky"
     no_slack = make_policy("smetric", PolicyParams(overload_slack=0))
     assert no_slack.decide(req(turn=1, est_hit=800), view).reason == "overload-fallback"
 
 
 def test_overload_parameter_is_honoured() -> None:
-    view = cluster(w(load=4, hit=800), w(load=2), w(load=2), w(load=0))  # mean 2
+    view = cluster(w(load=6, hit=800), w(load=3), w(load=3), w(load=0))  # mean 3
     strict = make_policy("smetric", PolicyParams(overload=1.5))
     assert strict.decide(req(turn=1, est_hit=800), view).reason == "overload-fallback"
     assert SMETRIC.decide(req(turn=1, est_hit=800), view).reason == "sticky"
