@@ -115,6 +115,14 @@ def test_follow_up_tokenizes_only_new_messages(codec: ChatCodec) -> None:
     assert counting.encoded == []
 
 
+def test_one_conversation_keeps_one_tip(codec: ChatCodec) -> None:
+    # Each follow-up supersedes its previous turn, so retained messages do not pile up per turn.
+    extractor = FeatureExtractor(codec, page_size=16)
+    for messages in agent_turns(codec, 6, seed=9):
+        extractor.from_chat(orjson.loads(orjson.dumps({"messages": messages})))
+    assert len(extractor._tips) == 1
+
+
 def test_token_runs_are_shared_across_prefixes(codec: ChatCodec) -> None:
     counting = CountingCodec(codec)
     extractor = FeatureExtractor(counting, page_size=16)
