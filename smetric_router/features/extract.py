@@ -171,9 +171,7 @@ class FeatureExtractor:
             model=_model(body),
         )
 
-    def _known_prefix(
-        self, messages: list[Any]
-    ) -> tuple[int, _Prefix, tuple[int, int] | None]:
+    def _known_prefix(self, messages: list[Any]) -> tuple[int, _Prefix, tuple[int, int] | None]:
         """The longest earlier request that this one extends (a follow-up appends a few
         messages), confirmed by comparing the message lists in C: no per-message Python work
         and no hashing over the history."""
