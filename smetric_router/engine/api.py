@@ -30,6 +30,11 @@ class EngineRequest:
     output_ids: list[
         int
     ]  # what the emulated model will emit, fixed up front (ends with EOS/im_end)
+    # Token-free requests (the simulator): leave input_ids/output_ids empty and give the lengths
+    # and the page hashes of every full page of prompt + output, so nothing is hashed per token.
+    page_hashes: list[int] | None = None
+    input_len: int = 0
+    output_len: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,7 @@ class StepResult:
     emitted: list[tuple[str, int]] = field(default_factory=list)  # (rid, new output tokens)
     finished: list[str] = field(default_factory=list)
     kv_events: list[KVCacheEvent] = field(default_factory=list)
+    steps: int = 1  # forwards this result covers (Engine.step_many fast-forwards several)
 
 
 @dataclass(frozen=True, slots=True)

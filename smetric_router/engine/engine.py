@@ -20,11 +20,20 @@ prompts longer than its pool.
 
 As in SGLang, at least the last prompt token is always computed (its logits give the first output
 token), so a full cache hit is capped at len(input_ids) - 1, page-aligned.
+
+Token-free requests (EngineRequest.page_hashes, used by the simulator) carry lengths and page
+hashes instead of tokens; the cache then holds no token ids and KV events carry none.
+
+Fast-forward (step_many): while no request prefills and none can be admitted, every step is pure
+decode with a constant batch until the next request finishes, and its time is affine in the KV
+length (timing.decode_run_seconds), so a run of such steps is applied in one call.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from smetric_router.core.kv_events import KVCacheEvent
@@ -46,8 +55,10 @@ _THROUGHPUT_WINDOW = 32  # steps averaged for gen_throughput
 @dataclass(slots=True)
 class _Req:
     req: EngineRequest
+    n_in: int
+    n_out: int
     hashes: list[int]  # block hashes of the prompt's full pages
-    chain: ChainState  # hash chain after the prompt, to extend over the output at finish
+    chain: ChainState | None  # hash chain after the prompt, to extend over the output at finish
     uncached_at_arrival: int
     done: int = 0  # prompt tokens whose KV exists (cached or computed)
     tree_pages: int = 0  # leading pages of the sequence held in the radix tree
@@ -58,7 +69,7 @@ class _Req:
 
     @property
     def prefilling(self) -> bool:
-        return self.done < len(self.req.input_ids)
+        return self.done < self.n_in
 
 
 class Engine:
@@ -84,23 +95,36 @@ class Engine:
         self._recent: deque[tuple[float, int]] = deque(maxlen=_THROUGHPUT_WINDOW)
         # set when the queue head did not fit; cleared when a request releases its pages
         self._admission_blocked = False
+        # global tier -> GPU seconds for a number of tokens; the simulator swaps in a shared link
+        self.storage_fetch_seconds: Callable[[int], float] = self.timing.storage_fetch_seconds
 
     # ---- requests -----------------------------------------------------------------------------
 
     def add_request(self, req: EngineRequest) -> None:
-        if not req.input_ids:
-            raise ValueError(f"request {req.rid} has an empty prompt")
         if req.rid in self._by_rid:
             raise ValueError(f"duplicate request id {req.rid}")
         ps = self.config.page_size
-        digests = page_digests(req.input_ids, ps)
-        n_full = len(digests) * ps
-        chain = ChainState(
-            ps, digests[-1] if digests else b"", tuple(req.input_ids[n_full:]), len(digests)
-        )
-        hashes = [block_hash(d) for d in digests]
-        gpu, _ = self.cache.match(hashes[: self._cacheable_pages(req)])
-        r = _Req(req, hashes, chain, len(req.input_ids) - len(gpu) * ps)
+        chain: ChainState | None = None
+        if req.page_hashes is None:
+            n_in, n_out = len(req.input_ids), len(req.output_ids)
+            digests = page_digests(req.input_ids, ps)
+            n_full = len(digests) * ps
+            chain = ChainState(
+                ps, digests[-1] if digests else b"", tuple(req.input_ids[n_full:]), len(digests)
+            )
+            hashes = [block_hash(d) for d in digests]
+        else:
+            n_in, n_out = req.input_len, req.output_len
+            if len(req.page_hashes) != (n_in + n_out) // ps:
+                raise ValueError(
+                    f"request {req.rid}: {len(req.page_hashes)} page hashes for "
+                    f"{n_in + n_out} tokens of pages of {ps}"
+                )
+            hashes = req.page_hashes[: n_in // ps]
+        if n_in <= 0:
+            raise ValueError(f"request {req.rid} has an empty prompt")
+        gpu, _ = self.cache.match(hashes[: (n_in - 1) // ps])
+        r = _Req(req, n_in, n_out, hashes, chain, n_in - len(gpu) * ps)
         self._waiting.append(r)
         self._by_rid[req.rid] = r
 
@@ -132,7 +156,7 @@ class Engine:
             if budget <= 0:
                 break
             if r.prefilling:
-                q = min(len(r.req.input_ids) - r.done, budget)
+                q = min(r.n_in - r.done, budget)
                 chunks.append((r, q))
                 budget -= q
         load_s = 0.0
@@ -150,13 +174,13 @@ class Engine:
             if not r.admitted:  # could never fit: dropped
                 continue
             load_s += seconds
-            q = min(len(r.req.input_ids) - r.done, budget)
+            q = min(r.n_in - r.done, budget)
             chunks.append((r, q))
             budget -= q
         if not chunks and not decoding:
             return result
 
-        kv_tokens = sum(len(r.req.input_ids) + r.emitted for r in decoding)
+        kv_tokens = sum(r.n_in + r.emitted for r in decoding)
         prefill = [(r.done, q) for r, q in chunks]
         result.duration = self.timing.step_seconds(prefill, len(decoding), kv_tokens) + load_s
 
@@ -177,19 +201,67 @@ class Engine:
         return result
 
     def _emit(self, r: _Req, result: StepResult, finished: list[_Req]) -> None:
-        if r.emitted < len(r.req.output_ids):
+        if r.emitted < r.n_out:
             r.emitted += 1
             result.emitted.append((r.req.rid, 1))
-        if r.emitted >= len(r.req.output_ids):
+        if r.emitted >= r.n_out:
             finished.append(r)
+
+    # ---- fast-forward -------------------------------------------------------------------------
+
+    def decode_only_steps(self) -> int:
+        """How many next steps are pure decode with the same batch and nobody finishing (0 when
+        the next step prefills, admits, or finishes a request)."""
+        if not self._running or (
+            self._waiting
+            and not self._admission_blocked
+            and len(self._running) < self.config.max_running_requests
+        ):
+            return 0
+        left = math.inf
+        for r in self._running:
+            if r.done < r.n_in:
+                return 0
+            left = min(left, r.n_out - r.emitted)
+        return max(int(left) - 1, 0)
+
+    def decode_run_seconds(self, k: int) -> float:
+        """Model time of the next k steps, for k <= decode_only_steps()."""
+        n = len(self._running)
+        kv = sum(r.n_in + r.emitted for r in self._running)
+        return self.timing.decode_run_seconds(n, kv, k)
+
+    def step_many(self, max_steps: int, until_seconds: float = math.inf) -> StepResult:
+        """Up to max_steps pure-decode steps at once, stopping after the first one that ends at or
+        beyond until_seconds from now; the same state, durations and tokens as that many step()
+        calls. When the next step is not pure decode, this is step()."""
+        k = min(max_steps, self.decode_only_steps())
+        if k <= 0:
+            return self.step()
+        n = len(self._running)
+        kv = sum(r.n_in + r.emitted for r in self._running)
+        timing = self.timing
+        if until_seconds < timing.decode_run_seconds(n, kv, k):
+            k = timing.decode_steps_to_reach(n, kv, until_seconds, k)
+        result = StepResult(duration=timing.decode_run_seconds(n, kv, k), steps=k)
+        result.kv_events.extend(self._events)
+        self._events = []
+        for r in self._running:
+            r.emitted += k
+            result.emitted.append((r.req.rid, k))
+        # the throughput window sees the last steps of the run one by one, as step() would
+        first = max(k - _THROUGHPUT_WINDOW, 0)
+        for j in range(first, k):
+            self._recent.append((timing.step_seconds((), n, kv + j * n), n))
+        return result
 
     def _admit(self, r: _Req, result: StepResult) -> float | None:
         """Admit r if its pages fit, evicting cache as needed: the seconds its cache loads take,
         or None if it must wait."""
         cfg, cache = self.config, self.cache
         ps = cfg.page_size
-        n_in, n_out = len(r.req.input_ids), len(r.req.output_ids)
-        cacheable = r.hashes[: self._cacheable_pages(r.req)]
+        n_in, n_out = r.n_in, r.n_out
+        cacheable = r.hashes[: (n_in - 1) // ps]
         gpu, host = cache.match(cacheable)
         n_storage = 0
         if self.global_tier is not None:
@@ -227,10 +299,8 @@ class Engine:
         self._prompt_tokens += n_in
         self._cached_tokens += cached.total
         t = self.timing
-        return t.host_load_seconds(cached.host) + t.storage_fetch_seconds(cached.storage)
-
-    def _cacheable_pages(self, req: EngineRequest) -> int:
-        return (len(req.input_ids) - 1) // self.config.page_size
+        fetch = self.storage_fetch_seconds(cached.storage) if cached.storage else 0.0
+        return t.host_load_seconds(cached.host) + fetch
 
     def _cache_pages(
         self, r: _Req, hashes: list[int], upto: int, events: list[KVCacheEvent]
@@ -244,7 +314,7 @@ class Engine:
             r.req.input_ids
             if upto * self.config.page_size <= len(r.req.input_ids)
             else (r.req.input_ids + r.req.output_ids)
-        )
+        )  # empty for token-free requests: their pages hold no token ids
         node, _, evs = self.cache.insert(hashes, tokens, start, upto)
         events.extend(evs)
         self.cache.lock(node)
@@ -258,8 +328,10 @@ class Engine:
             self.global_tier.store(hashes[start:upto])
 
     def _finish(self, r: _Req, events: list[KVCacheEvent]) -> None:
-        _, out_hashes = r.chain.extend(r.req.output_ids)
-        hashes = r.hashes + out_hashes
+        if r.chain is not None:
+            hashes = r.hashes + r.chain.extend(r.req.output_ids)[1]
+        else:
+            hashes = r.req.page_hashes or []
         self._cache_pages(r, hashes, len(hashes), events)
         self._running.remove(r)
         self._by_rid.pop(r.req.rid, None)

@@ -126,6 +126,36 @@ class TimingModel:
         lm_us = max(self._lm_fixed_us, self._lm_us_per_seq * seqs)
         return (self.layers * layer_us + lm_us) * 1e-6 + self._overhead_s
 
+    def decode_run_seconds(self, n_decode: int, kv_tokens: int, k: int) -> float:
+        """k pure-decode steps of n_decode requests starting at kv_tokens, each step adding one
+        token per request. A decode step's time is affine in the KV tokens read, so the sum is
+        closed-form: k * step(kv) + slope * n * k(k-1)/2."""
+        if k <= 0 or n_decode <= 0:
+            return 0.0
+        first = self.step_seconds((), n_decode, kv_tokens)
+        slope = self.layers * self._dec_us_per_kv_token * 1e-6  # seconds per KV token
+        return k * first + slope * n_decode * k * (k - 1) / 2
+
+    def decode_steps_to_reach(
+        self, n_decode: int, kv_tokens: int, seconds: float, k_max: int
+    ) -> int:
+        """The fewest pure-decode steps (as in decode_run_seconds) lasting >= seconds, at most k_max
+        and at least 1."""
+        first = self.step_seconds((), n_decode, kv_tokens)
+        a = self.layers * self._dec_us_per_kv_token * 1e-6 * n_decode / 2
+        b = first - a
+        if a > 0:
+            k = math.ceil((-b + math.sqrt(b * b + 4 * a * max(seconds, 0.0))) / (2 * a))
+        else:
+            k = math.ceil(max(seconds, 0.0) / first)
+        k = min(max(k, 1), k_max)
+        # the closed form can be off by one step through rounding
+        while k > 1 and self.decode_run_seconds(n_decode, kv_tokens, k - 1) >= seconds:
+            k -= 1
+        while k < k_max and self.decode_run_seconds(n_decode, kv_tokens, k) < seconds:
+            k += 1
+        return k
+
     def host_load_seconds(self, tokens: int) -> float:
         return tokens * self.kv_bytes_per_token / self.pcie_bytes_per_s
 
