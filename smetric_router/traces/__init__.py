@@ -1,0 +1,1 @@
+"""Request traces: loaders (Bailian, Mooncake), an agentic trace generator, and trace statistics."""
