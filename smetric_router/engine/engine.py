@@ -66,6 +66,7 @@ class _Req:
     reserved: int = 0  # pages reserved and not yet in the tree
     emitted: int = 0
     admitted: bool = False
+    prefilled: bool = False  # PD decode: the prompt's KV arrives from a prefill instance
 
     @property
     def prefilling(self) -> bool:
@@ -127,6 +128,15 @@ class Engine:
         r = _Req(req, n_in, n_out, hashes, chain, n_in - len(gpu) * ps)
         self._waiting.append(r)
         self._by_rid[req.rid] = r
+
+    def add_prefilled_request(self, req: EngineRequest) -> None:
+        """PD decode: the prompt's KV was transferred from a prefill instance, so on admission the
+        whole prompt is present on the GPU (nothing computed or loaded) and the first output token,
+        which came with the KV, is emitted in the admitting step."""
+        self.add_request(req)
+        r = self._by_rid[req.rid]
+        r.prefilled = True
+        r.uncached_at_arrival = 0
 
     def abort(self, rid: str) -> None:
         r = self._by_rid.pop(rid, None)
@@ -263,8 +273,10 @@ class Engine:
         n_in, n_out = r.n_in, r.n_out
         cacheable = r.hashes[: (n_in - 1) // ps]
         gpu, host = cache.match(cacheable)
+        if r.prefilled:
+            host = host[:0]  # the transferred KV lands on the GPU: nothing to load
         n_storage = 0
-        if self.global_tier is not None:
+        if self.global_tier is not None and not r.prefilled:
             n_storage = self.global_tier.peek(cacheable[len(gpu) + len(host) :])
         need = -(-(n_in + n_out) // ps) - len(gpu)
         deepest = gpu[-1] if gpu else None
@@ -293,6 +305,9 @@ class Engine:
         hit = len(gpu) + len(host) + n_storage
         self._cache_pages(r, r.hashes, hit, result.kv_events)
         r.done = hit * ps
+        if r.prefilled:
+            self._cache_pages(r, r.hashes, len(r.hashes), result.kv_events)
+            r.done = n_in
         self._running.append(r)
         cached = CachedTokens(len(gpu) * ps, len(host) * ps, n_storage * ps)
         result.scheduled.append((r.req.rid, cached))
