@@ -1,5 +1,21 @@
 """Imports every built-in policy module so that each registers itself."""
 
-from smetric_router.policies import bailian, cache_aware, lmetric, load_balance, simple, smetric
+from smetric_router.policies import (
+    bailian,
+    cache_aware,
+    least_tokens,
+    lmetric,
+    load_balance,
+    simple,
+    smetric,
+)
 
-__all__ = ["bailian", "cache_aware", "lmetric", "load_balance", "simple", "smetric"]
+__all__ = [
+    "bailian",
+    "cache_aware",
+    "least_tokens",
+    "lmetric",
+    "load_balance",
+    "simple",
+    "smetric",
+]

@@ -23,7 +23,7 @@ from smetric_router.router.kv import KvFeeds
 from smetric_router.router.metrics import RouterMetrics, WorkerSample
 from smetric_router.router.proxy import Proxy
 from smetric_router.router.routing import Endpoint, Features, HitIndex, Router, TextTree
-from smetric_router.router.workers import PageSizeMismatch, WorkerRegistry
+from smetric_router.router.workers import Role, WorkerRegistry, WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class RouterState:
             ),
         )
         try:
-            await self._registry.initialize(c.worker_urls)
+            await self._registry.initialize(c.worker_specs())
         except BaseException:
             await self._session.close()
             raise
@@ -280,21 +280,35 @@ async def handle_add_worker(request: web.Request) -> web.Response:
     state = request.app[STATE]
     try:
         _, body = await read_json_object(request, 64 * 1024)
-        url = body.get("url")
-        if not isinstance(url, str):
-            raise bad_request("'url' (string) is required.", param="url")
+        spec = _worker_spec(body, state.config.pd_disaggregation)
         try:
-            w = await state.registry.add(url)
+            w = await state.registry.add(spec)
         except KeyError:
-            raise RouterError(409, f"worker {url} is already registered", param="url") from None
-        except PageSizeMismatch as e:
-            raise bad_request(str(e), param="url") from None
-        except ValueError as e:
+            raise RouterError(409, f"worker {spec.url} is already registered", param="url") from None
+        except ValueError as e:  # WorkerRejected included
             raise bad_request(str(e), param="url") from None
     except RouterError as e:
         return e.response()
     now = time.monotonic()
     return web.json_response({"worker": w.describe(now, state.registry.max_load_age)}, dumps=_dumps)
+
+
+def _worker_spec(body: dict[str, Any], pd: bool) -> WorkerSpec:
+    """{"url"}, and under PD {"url", "role": "prefill"|"decode"[, "bootstrap_port"]}."""
+    url, role, port = body.get("url"), body.get("role"), body.get("bootstrap_port")
+    if not isinstance(url, str):
+        raise bad_request("'url' (string) is required.", param="url")
+    allowed = ("prefill", "decode") if pd else ("worker", None)
+    if role not in allowed:
+        mode = "PD disaggregation" if pd else "a colocated router"
+        want = "'prefill' or 'decode'" if pd else "absent"
+        raise bad_request(f"'role' must be {want} under {mode}.", param="role")
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool)):
+        raise bad_request("'bootstrap_port' must be an integer.", param="bootstrap_port")
+    try:
+        return WorkerSpec(url, Role(role or "worker"), port)
+    except ValueError as e:
+        raise bad_request(str(e), param="url") from None
 
 
 async def handle_remove_worker(request: web.Request) -> web.Response:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from smetric_router.policies import PolicyParams
+from smetric_router.router.workers import Role, WorkerSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,16 @@ class RouterConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     max_retries: int = 2
     kv_events: bool = True  # subscribe to the workers' KV events (off: hits stay 0)
+    # PD disaggregation: prefill (URL, bootstrap port or None = discover) and decode instances.
+    pd_disaggregation: bool = False
+    prefill: tuple[tuple[str, int | None], ...] = ()
+    decode_urls: tuple[str, ...] = ()
+    prefill_policy: str | None = None  # None: `policy`
+    decode_policy: str = "least_tokens"
+    # SMetric's overload slack for prefill instances, whose load is unprefilled tokens.
+    prefill_overload_slack: float = 4096.0
+    # Dispatch until the prefill is done (its reply ended, or decode's first byte) at most this.
+    pd_handover_timeout_secs: float = 300.0
 
     def __post_init__(self) -> None:
         if self.page_size is not None and self.page_size < 1:
@@ -39,6 +50,37 @@ class RouterConfig:
             "load_poll_interval_secs",
             "health_check_interval_secs",
             "health_check_timeout_secs",
+            "pd_handover_timeout_secs",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.prefill_overload_slack < 0:
+            raise ValueError("prefill_overload_slack must be >= 0")
+        if self.pd_disaggregation:
+            if self.worker_urls:
+                raise ValueError(
+                    "--worker-urls cannot be mixed with --pd-disaggregation: give the workers "
+                    "as --prefill URL [BOOTSTRAP_PORT] and --decode URL"
+                )
+            if not self.prefill or not self.decode_urls:
+                raise ValueError(
+                    "--pd-disaggregation needs at least one --prefill URL and one --decode URL"
+                )
+        elif self.prefill or self.decode_urls:
+            raise ValueError("--prefill and --decode need --pd-disaggregation")
+        self.worker_specs()  # URL and port checks fail here, at start-up
+
+    @property
+    def prefill_policy_name(self) -> str:
+        return self.prefill_policy or self.policy
+
+    def worker_specs(self) -> list[WorkerSpec]:
+        return (
+            [WorkerSpec(u) for u in self.worker_urls]
+            + [WorkerSpec(u, Role.PREFILL, port) for u, port in self.prefill]
+            + [WorkerSpec(u, Role.DECODE) for u in self.decode_urls]
+        )
+
+    def prefill_params(self) -> PolicyParams:
+        """Prefill load counts tokens, so the request-count slack is replaced by a token one."""
+        return replace(self.policy_params, overload_slack=self.prefill_overload_slack)

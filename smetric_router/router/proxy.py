@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -212,29 +212,43 @@ class Proxy:
     ) -> web.StreamResponse:
         out = web.StreamResponse(status=resp.status, headers=headers)
         await out.prepare(request)
-        first = True
-        tail = b"\n\n"
         chunks = resp.content.iter_any()
-        while True:
-            # Only upstream reads are guarded: a client that went away ends the handler.
-            try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                break
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                why = str(e) or type(e).__name__
-                log.warning("stream from %s lost: %s", worker.url, why)
-                self.metrics.stream_errors.labels(worker.url).inc()
-                # Close a half-written event first so the error event parses on its own.
-                sep = b"" if tail == b"\n\n" else b"\n\n"
-                await out.write(
-                    sep + sse_error_event(f"worker {worker.url} lost mid-stream: {why}")
-                )
-                break
-            if first:
-                self.metrics.ttft.labels(label).observe(time.perf_counter() - started)
-                first = False
-            await out.write(chunk)
-            tail = (tail + chunk)[-2:]
-        await out.write_eof()
+
+        async def observed() -> AsyncIterator[bytes]:
+            first = True
+            async for chunk in chunks:
+                if first:
+                    self.metrics.ttft.labels(label).observe(time.perf_counter() - started)
+                    first = False
+                yield chunk
+
+        await copy_stream(out, observed(), worker.url, self.metrics)
         return out
+
+
+async def copy_stream(
+    out: web.StreamResponse,
+    chunks: AsyncIterator[bytes],
+    upstream: str,
+    metrics: RouterMetrics,
+    tail: bytes = b"\n\n",
+) -> None:
+    """Pass chunks through as they come; a lost upstream ends the stream with an SSE error event
+    and [DONE]. `tail`: the last bytes already written (to close a half-written event)."""
+    while True:
+        # Only upstream reads are guarded: a client that went away ends the handler.
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            break
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            why = str(e) or type(e).__name__
+            log.warning("stream from %s lost: %s", upstream, why)
+            metrics.stream_errors.labels(upstream).inc()
+            # Close a half-written event first so the error event parses on its own.
+            sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
+            await out.write(sep + sse_error_event(f"worker {upstream} lost mid-stream: {why}"))
+            break
+        await out.write(chunk)
+        tail = (tail + chunk)[-2:]
+    await out.write_eof()

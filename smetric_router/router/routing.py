@@ -19,7 +19,7 @@ from smetric_router.core.types import ClusterView, Decision, RequestFeatures, Wo
 from smetric_router.policies import Policy
 from smetric_router.router.errors import RouterError
 from smetric_router.router.metrics import RouterMetrics
-from smetric_router.router.workers import Worker, WorkerRegistry
+from smetric_router.router.workers import Role, Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,11 @@ class Router:
         features_for: Callable[[int], Features],
         hits: HitIndex | None = None,
         text_tree: TextTree | None = None,
+        role: Role = Role.WORKER,
     ) -> None:
+        """Decides among the registry's workers of `role` (one Router per PD side)."""
         self.policy = policy
+        self.role = role
         self.registry = registry
         self.metrics = metrics
         self._features_for = features_for
@@ -154,8 +157,9 @@ class Router:
     def snapshot(self, features: RequestFeatures, model: str | None) -> ClusterView:
         candidates = self._serving(model)
         if not candidates:
+            what = "worker" if self.role is Role.WORKER else f"{self.role.value} worker"
             raise RouterError(
-                503, "no worker is registered", type_="server_error", code="no_worker_available"
+                503, f"no {what} is registered", type_="server_error", code="no_worker_available"
             )
         hits: Mapping[str, tuple[int, int]] = {}
         if self.hits is not None and features.page_hashes:
@@ -184,7 +188,7 @@ class Router:
         )
 
     def _serving(self, model: str | None) -> list[Worker]:
-        workers = list(self.registry.workers.values())
+        workers = self.registry.of_role(self.role)
         if model is None:
             return workers
         # Workers that report no model names are assumed to serve whatever they are sent.

@@ -1,12 +1,17 @@
-"""The worker registry: membership, health, reported load and the router's own in-flight counts.
+"""The worker registry: membership, roles, health, reported load and the router's own counts.
 
-Load rule (what policies see as WorkerView.load): router in-flight + others, where others =
-max(0, reported - router in-flight when the report arrived) and reported = num_running_reqs +
-num_waiting_reqs summed over DP ranks. The router's count is exact for its own dispatches and never
-stale; the report lags by up to one poll but also covers requests sent by other router replicas.
-Only that foreign share is taken from the report, so a request of ours that just finished stops
-counting at once instead of lingering until the next poll. A report older than three poll intervals
-(or from a failed poll) is ignored.
+Load rule (what policies see as WorkerView.load): own + others, where others = max(0, reported -
+own when the report arrived). The router's own count is exact for its dispatches and never stale;
+the report lags by up to one poll but also covers requests sent by other router replicas. Only that
+foreign share is taken from the report, so a request of ours that just finished stops counting at
+once instead of lingering until the next poll. A report older than three poll intervals (or from a
+failed poll) is ignored. What is counted depends on the role (summed over DP ranks):
+
+- colocated worker: requests; own = in flight, reported = num_running_reqs + num_waiting_reqs;
+- PD prefill: unprefilled tokens; own = prompt tokens dispatched minus the hit the view showed,
+  until the prefill is done; reported = num_waiting_uncached_tokens. (total_prefill_uncached_tokens
+  is a cumulative counter of prefilled tokens in SGLang and in the emulator, not a queue: unused.)
+- PD decode: KV tokens in use; own = prompt tokens of requests in flight, reported = num_used_tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,8 +34,18 @@ log = logging.getLogger(__name__)
 _STALE_POLLS = 3
 
 
-class PageSizeMismatch(ValueError):
+class WorkerRejected(ValueError):
     pass
+
+
+class Role(str, Enum):
+    WORKER = "worker"  # prefill and decode colocated
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+# The /v1/loads field each role's load is corrected by (None: requests).
+_REPORTED_TOKENS = {Role.PREFILL: "num_waiting_uncached_tokens", Role.DECODE: "num_used_tokens"}
 
 
 def normalize_url(url: str) -> str:
@@ -43,24 +59,39 @@ def normalize_url(url: str) -> str:
 @dataclass(slots=True, eq=False)
 class Worker:
     url: str
+    role: Role = Role.WORKER
+    # PD prefill: the port handed to decode as bootstrap_port; None until configured or discovered.
+    bootstrap_port: int | None = None
+    bootstrap_port_fixed: bool = False  # given on the command line: never re-discovered
     healthy: bool = False
     inflight: int = 0
+    tokens: int = 0  # PD: the router's own token count (see the load rule above)
     reported_load: float | None = None
     reported_at: float = 0.0
-    inflight_at_report: int = 0
+    own_at_report: int = 0
     page_size: int | None = None
     models: frozenset[str] = frozenset()
     problem: str | None = None  # why the worker is excluded although it answers, if it is
     probed: bool = False
 
+    @property
+    def hashes(self) -> bool:
+        """Whether the router matches page hashes against this worker's KV events."""
+        return self.role is not Role.DECODE
+
+    @property
+    def own(self) -> int:
+        return self.inflight if self.role is Role.WORKER else self.tokens
+
     def load(self, now: float, max_age: float) -> float:
         if self.reported_load is None or now - self.reported_at > max_age:
-            return float(self.inflight)
-        return self.inflight + max(0.0, self.reported_load - self.inflight_at_report)
+            return float(self.own)
+        return self.own + max(0.0, self.reported_load - self.own_at_report)
 
     def describe(self, now: float, max_age: float) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "url": self.url,
+            "role": self.role.value,
             "healthy": self.healthy,
             "inflight": self.inflight,
             "load": self.load(now, max_age),
@@ -69,6 +100,11 @@ class Worker:
             "models": sorted(self.models),
             "problem": self.problem,
         }
+        if self.role is not Role.WORKER:
+            out["tokens"] = self.tokens
+        if self.role is Role.PREFILL:
+            out["bootstrap_port"] = self.bootstrap_port
+        return out
 
 
 def page_size_of(server_info: dict[str, Any]) -> int | None:
@@ -93,6 +129,35 @@ def models_of(v1_models: Any, model_info: Any) -> frozenset[str]:
     return frozenset(names)
 
 
+def bootstrap_port_of(server_info: dict[str, Any]) -> int | None:
+    port = server_info.get("disaggregation_bootstrap_port")
+    return port if isinstance(port, int) and 0 < port < 65536 else None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """A worker as configured: PD prefills may carry their bootstrap port (None: discover it)."""
+
+    url: str
+    role: Role = Role.WORKER
+    bootstrap_port: int | None = None
+
+    def __post_init__(self) -> None:
+        normalize_url(self.url)
+        if self.bootstrap_port is not None and not 0 < self.bootstrap_port < 65536:
+            raise ValueError(f"bootstrap port of {self.url} must be in 1..65535")
+        if self.bootstrap_port is not None and self.role is not Role.PREFILL:
+            raise ValueError(f"only prefill workers take a bootstrap port ({self.url})")
+
+    def make(self) -> Worker:
+        return Worker(
+            normalize_url(self.url),
+            role=self.role,
+            bootstrap_port=self.bootstrap_port,
+            bootstrap_port_fixed=self.bootstrap_port is not None,
+        )
+
+
 Hook = Callable[[str], Awaitable[None]]
 
 
@@ -115,6 +180,9 @@ class WorkerRegistry:
     def healthy(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.healthy]
 
+    def of_role(self, role: Role) -> list[Worker]:
+        return [w for w in self.workers.values() if w.role is role]
+
     def models(self) -> frozenset[str]:
         return frozenset().union(*(w.models for w in self.workers.values()))
 
@@ -122,15 +190,15 @@ class WorkerRegistry:
         now = time.monotonic()
         return [w.describe(now, self.max_load_age) for w in self.workers.values()]
 
-    async def initialize(self, urls: Iterable[str]) -> None:
+    async def initialize(self, specs: Iterable[WorkerSpec]) -> None:
         """Register the start-up workers; those reachable now must agree on the page size."""
-        workers = [Worker(normalize_url(u)) for u in urls]
+        workers = [s.make() for s in specs]
         for w in workers:
             self.workers[w.url] = w
         await asyncio.gather(*(self._fetch_info(w) for w in workers))
-        sizes = {w.url: w.page_size for w in workers if w.page_size is not None}
+        sizes = {w.url: w.page_size for w in workers if w.page_size is not None and w.hashes}
         if self.page_size is None and len(set(sizes.values())) > 1:
-            raise PageSizeMismatch(
+            raise WorkerRejected(
                 "workers disagree on the KV page size (set the same --page-size on every worker): "
                 + ", ".join(f"{u}={s}" for u, s in sizes.items())
             )
@@ -140,15 +208,15 @@ class WorkerRegistry:
             for w in workers:
                 await self.on_added(w.url)
 
-    async def add(self, url: str) -> Worker:
-        url = normalize_url(url)
+    async def add(self, spec: WorkerSpec) -> Worker:
+        w = spec.make()
+        url = w.url
         if url in self.workers:
             raise KeyError(url)
-        w = Worker(url)
         await self._fetch_info(w)
         self._admit(w)
         if w.problem is not None:
-            raise PageSizeMismatch(w.problem)
+            raise WorkerRejected(w.problem)
         self.workers[url] = w
         log.info("worker %s added (healthy=%s)", url, w.healthy)
         if self.on_added is not None:
@@ -220,30 +288,41 @@ class WorkerRegistry:
             w.healthy = False
             return
         w.page_size = page_size_of(info) if isinstance(info, dict) else None
+        if w.role is Role.PREFILL and not w.bootstrap_port_fixed:
+            w.bootstrap_port = bootstrap_port_of(info) if isinstance(info, dict) else None
         w.models = models_of(models, model_info)
         w.probed = True
         w.healthy = True
 
     def _admit(self, w: Worker) -> bool:
-        """Fix the cluster page size from the first worker reporting one; exclude dissenters.
+        """Fix the cluster page size from the first worker reporting one; exclude dissenters and
+        prefills without a bootstrap port.
 
         Returns whether the worker is healthy now."""
-        if w.page_size is None:
-            return w.healthy
-        if self.page_size is None:
-            self.page_size = w.page_size
-            log.info("page size %d (from %s)", w.page_size, w.url)
-        if w.page_size == self.page_size:
+        problem = self._problem(w)
+        if problem is None:
             w.problem = None
             return w.healthy
-        problem = (
-            f"worker {w.url} uses page size {w.page_size} but the router uses {self.page_size}"
-        )
         if w.problem != problem:  # health checks re-admit every round: say it once
             log.error("%s; excluding it", problem)
         w.problem = problem
         w.healthy = False
         return False
+
+    def _problem(self, w: Worker) -> str | None:
+        if w.role is Role.PREFILL and w.bootstrap_port is None and w.probed:
+            return (
+                f"prefill {w.url} reports no disaggregation_bootstrap_port in /server_info; "
+                "give it as --prefill URL PORT"
+            )
+        if w.page_size is None or not w.hashes:
+            return None
+        if self.page_size is None:
+            self.page_size = w.page_size
+            log.info("page size %d (from %s)", w.page_size, w.url)
+        if w.page_size == self.page_size:
+            return None
+        return f"worker {w.url} uses page size {w.page_size} but the router uses {self.page_size}"
 
     async def _check_one(self, w: Worker) -> None:
         ok = False
@@ -272,11 +351,16 @@ class WorkerRegistry:
         if not isinstance(loads, list):
             w.reported_load = None
             return
+        field = _REPORTED_TOKENS.get(w.role)
         total = 0.0
         for entry in loads:
-            if isinstance(entry, dict):
+            if not isinstance(entry, dict):
+                continue
+            if field is None:
                 total += float(entry.get("num_running_reqs") or 0)
                 total += float(entry.get("num_waiting_reqs") or 0)
+            else:
+                total += float(entry.get(field) or 0)
         w.reported_load = total
         w.reported_at = time.monotonic()
-        w.inflight_at_report = w.inflight
+        w.own_at_report = w.own

@@ -12,6 +12,7 @@ def test_registry_lists_every_policy_and_rejects_unknown_names() -> None:
         "bailian",
         "lmetric",
         "load_balance",
+        "least_tokens",
         "cache_aware",
         "round_robin",
         "random",

@@ -11,7 +11,7 @@ def test_load_is_own_inflight_plus_the_foreign_share_of_a_fresh_report() -> None
     w = Worker("http://w", inflight=3)
     assert w.load(now=100.0, max_age=3.0) == 3.0  # nothing reported yet
     # The worker reports 7 while 3 of ours run: 4 come from other router replicas.
-    w.reported_load, w.reported_at, w.inflight_at_report = 7.0, 99.0, 3
+    w.reported_load, w.reported_at, w.own_at_report = 7.0, 99.0, 3
     assert w.load(now=100.0, max_age=3.0) == 7.0
     w.inflight = 5
     assert w.load(now=100.0, max_age=3.0) == 9.0  # our own dispatches since the poll add up
