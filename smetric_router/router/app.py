@@ -284,7 +284,8 @@ async def handle_add_worker(request: web.Request) -> web.Response:
         try:
             w = await state.registry.add(spec)
         except KeyError:
-            raise RouterError(409, f"worker {spec.url} is already registered", param="url") from None
+            msg = f"worker {spec.url} is already registered"
+            raise RouterError(409, msg, param="url") from None
         except ValueError as e:  # WorkerRejected included
             raise bad_request(str(e), param="url") from None
     except RouterError as e:

@@ -11,7 +11,8 @@ failed poll) is ignored. What is counted depends on the role (summed over DP ran
 - PD prefill: unprefilled tokens; own = prompt tokens dispatched minus the hit the view showed,
   until the prefill is done; reported = num_waiting_uncached_tokens. (total_prefill_uncached_tokens
   is a cumulative counter of prefilled tokens in SGLang and in the emulator, not a queue: unused.)
-- PD decode: KV tokens in use; own = prompt tokens of requests in flight, reported = num_used_tokens.
+- PD decode: KV tokens in use; own = prompt tokens of requests in flight; reported =
+  num_used_tokens.
 """
 
 from __future__ import annotations
