@@ -21,6 +21,7 @@ from smetric_router.router.config import RouterConfig
 from smetric_router.router.errors import RouterError, bad_request, no_worker
 from smetric_router.router.kv import KvFeeds
 from smetric_router.router.metrics import RouterMetrics, WorkerSample
+from smetric_router.router.pd import PdProxy
 from smetric_router.router.proxy import Proxy
 from smetric_router.router.routing import Endpoint, Features, HitIndex, Router, TextTree
 from smetric_router.router.workers import Role, WorkerRegistry, WorkerSpec
@@ -54,6 +55,7 @@ class RouterState:
         self._registry: WorkerRegistry | None = None
         self._router: Router | None = None
         self._proxy: Proxy | None = None
+        self.pd: PdProxy | None = None  # set under PD disaggregation
         self.metrics = RouterMetrics(self.sample_workers)
 
     @property
@@ -90,9 +92,23 @@ class RouterState:
             on_added=self._worker_added,
             on_removed=self._worker_removed,
         )
-        policy = make_policy(c.policy, c.policy_params)
+        timeout = aiohttp.ClientTimeout(
+            total=c.request_timeout_secs, sock_connect=min(10.0, c.request_timeout_secs)
+        )
+        if c.pd_disaggregation:
+            # The prefill side is where KV reuse pays: it gets the hits and the text tree.
+            policy = make_policy(c.prefill_policy_name, c.prefill_params())
+            role = Role.PREFILL
+        else:
+            policy, role = make_policy(c.policy, c.policy_params), Role.WORKER
         self._router = Router(
-            policy, self._registry, self.metrics, self.features_for, self.hits, self.text_tree
+            policy,
+            self._registry,
+            self.metrics,
+            self.features_for,
+            self.hits,
+            self.text_tree,
+            role=role,
         )
         self._proxy = Proxy(
             session=self._session,
@@ -100,10 +116,22 @@ class RouterState:
             registry=self._registry,
             metrics=self.metrics,
             max_retries=c.max_retries,
-            timeout=aiohttp.ClientTimeout(
-                total=c.request_timeout_secs, sock_connect=min(10.0, c.request_timeout_secs)
-            ),
+            timeout=timeout,
         )
+        if c.pd_disaggregation:
+            decode_policy = make_policy(c.decode_policy, c.policy_params)
+            self.pd = PdProxy(
+                session=self._session,
+                prefill_router=self._router,
+                decode_router=Router(
+                    decode_policy, self._registry, self.metrics, self.features_for, role=Role.DECODE
+                ),
+                registry=self._registry,
+                metrics=self.metrics,
+                max_retries=c.max_retries,
+                timeout=timeout,
+                handover_timeout=c.pd_handover_timeout_secs,
+            )
         try:
             await self._registry.initialize(c.worker_specs())
         except BaseException:
@@ -120,7 +148,8 @@ class RouterState:
             await self._session.close()
 
     async def _worker_added(self, url: str) -> None:
-        if self.kv_feeds is not None:
+        w = self.registry.workers.get(url)
+        if self.kv_feeds is not None and w is not None and w.hashes:
             await self.kv_feeds.add_worker(url)
 
     async def _worker_removed(self, url: str) -> None:
@@ -228,13 +257,19 @@ async def _generate(
         features = router.extract(endpoint, body, request.headers)
         if strip_hint(body):
             raw = orjson.dumps(body)
-        routed = router.route(features, model)
+        if state.pd is not None:
+            pair = state.pd.route(features, model)
+        else:
+            routed = router.route(features, model)
     except FeatureError as e:
         raise bad_request(str(e)) from None
     except NoWorkerAvailable:
         raise no_worker() from None
     state.metrics.decide_seconds.observe(time.perf_counter() - started)
-    return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, endpoint.value)
+    label = endpoint.value
+    if state.pd is not None:
+        return await state.pd.dispatch(request, endpoint.value, body, pair, started, label)
+    return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, label)
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -251,11 +286,14 @@ async def handle_health(request: web.Request) -> web.Response:
 
 
 async def handle_readiness(request: web.Request) -> web.Response:
-    healthy = len(request.app[STATE].registry.healthy())
-    status = 200 if healthy else 503
+    state = request.app[STATE]
+    workers = state.registry.healthy()
+    # Under PD a request needs both sides.
+    needed = [Role.PREFILL, Role.DECODE] if state.pd is not None else [Role.WORKER]
+    ready = all(any(w.role is r for w in workers) for r in needed)
     return web.json_response(
-        {"status": "ready" if healthy else "not ready", "healthy_workers": healthy},
-        status=status,
+        {"status": "ready" if ready else "not ready", "healthy_workers": len(workers)},
+        status=200 if ready else 503,
         dumps=_dumps,
     )
 
@@ -271,6 +309,8 @@ async def handle_list_workers(request: web.Request) -> web.Response:
     if state.hits is not None:
         # What the router believes each worker caches, from its KV events (pages per tier).
         for w in workers:
+            if w["role"] == Role.DECODE.value:
+                continue
             st = state.hits.stats(w["url"])
             w["kv_pages"] = {"gpu": st.gpu_pages, "host": st.host_pages}
     return web.json_response({"workers": workers}, dumps=_dumps)

@@ -14,7 +14,7 @@ from smetric_router.router.config import RouterConfig
 
 def make_state(config: RouterConfig) -> RouterState:
     codec = load_codec(config.tokenizer_path)  # fails fast on a bad --tokenizer-path
-    keep_text = make_policy(config.policy, config.policy_params).uses_text_tree
+    keep_text = make_policy(config.prefill_policy_name, config.policy_params).uses_text_tree
 
     def features_for(page_size: int) -> FeatureExtractor:
         return FeatureExtractor(codec, page_size=page_size, keep_text=keep_text)

@@ -47,6 +47,56 @@ def build_parser() -> argparse.ArgumentParser:
         help="routing policy; smetric = the paper's Figure 13 (first turn balanced, follow-ups "
         "sticky to the worker holding their KV cache, with overload and eviction guards)",
     )
+    pd = p.add_argument_group(
+        "PD disaggregation", "prefill and decode on separate SGLang instances (as sglang_router)"
+    )
+    pd.add_argument(
+        "--pd-disaggregation",
+        action="store_true",
+        help="route each request to a (prefill, decode) pair with SGLang's bootstrap fields",
+    )
+    pd.add_argument(
+        "--prefill",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar=("URL", "BOOTSTRAP_PORT"),
+        help="a prefill instance (repeatable); BOOTSTRAP_PORT or 'none' (the default) = read "
+        "disaggregation_bootstrap_port from its /server_info",
+    )
+    pd.add_argument(
+        "--decode",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a decode instance (repeatable)",
+    )
+    pd.add_argument(
+        "--prefill-policy",
+        default=argparse.SUPPRESS,  # absent: --policy
+        choices=policy_names(),
+        help="policy over prefill instances, whose load is unprefilled tokens (default: --policy)",
+    )
+    pd.add_argument(
+        "--decode-policy",
+        default=argparse.SUPPRESS,
+        choices=policy_names(),
+        help=f"policy over decode instances, whose load is tokens in use (default: "
+        f"{_D.decode_policy})",
+    )
+    pd.add_argument(
+        "--prefill-overload-slack",
+        type=float,
+        default=_D.prefill_overload_slack,
+        help="smetric on prefill instances: --overload-slack in unprefilled tokens",
+    )
+    pd.add_argument(
+        "--pd-handover-timeout-secs",
+        type=float,
+        default=_D.pd_handover_timeout_secs,
+        help="limit on the wait for a prefill to finish (its reply, or the decode's first byte); "
+        "past it the client gets 504",
+    )
     p.add_argument(
         "--prometheus-port",
         type=int,
@@ -168,10 +218,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _prefill_specs(given: list[list[str]]) -> tuple[tuple[str, int | None], ...]:
+    out: list[tuple[str, int | None]] = []
+    for item in given:
+        if len(item) > 2:
+            raise ValueError(f"--prefill takes URL [BOOTSTRAP_PORT|none], got {' '.join(item)}")
+        port = item[1] if len(item) == 2 else "none"
+        if port.lower() == "none":
+            out.append((item[0], None))
+        elif port.isdigit():
+            out.append((item[0], int(port)))
+        else:
+            raise ValueError(f"--prefill {item[0]}: bootstrap port must be a number or 'none'")
+    return tuple(out)
+
+
 def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
     parser = build_parser()
     a = parser.parse_args(argv)
     try:
+        decode_policy = getattr(a, "decode_policy", None)
+        if decode_policy is not None and not a.pd_disaggregation:
+            raise ValueError("--decode-policy needs --pd-disaggregation")
         return RouterConfig(
             worker_urls=tuple(a.worker_urls),
             host=a.host,
@@ -198,6 +266,13 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             max_body_bytes=a.max_body_bytes,
             max_retries=a.max_retries,
             kv_events=not a.no_kv_events,
+            pd_disaggregation=a.pd_disaggregation,
+            prefill=_prefill_specs(a.prefill),
+            decode_urls=tuple(a.decode),
+            prefill_policy=getattr(a, "prefill_policy", None),
+            decode_policy=decode_policy or _D.decode_policy,
+            prefill_overload_slack=a.prefill_overload_slack,
+            pd_handover_timeout_secs=a.pd_handover_timeout_secs,
         )
     except ValueError as e:
         parser.error(str(e))
@@ -223,13 +298,24 @@ async def serve(config: RouterConfig) -> None:
             await runners[1].setup()
             assert config.prometheus_port is not None
             await web.TCPSite(runners[1], config.prometheus_host, config.prometheus_port).start()
-        log.info(
-            "smetric-router on http://%s:%d, policy %s, %d workers",
-            config.host,
-            config.port,
-            config.policy,
-            len(config.worker_urls),
-        )
+        if config.pd_disaggregation:
+            log.info(
+                "smetric-router on http://%s:%d, PD: %d prefill (%s), %d decode (%s)",
+                config.host,
+                config.port,
+                len(config.prefill),
+                config.prefill_policy_name,
+                len(config.decode_urls),
+                config.decode_policy,
+            )
+        else:
+            log.info(
+                "smetric-router on http://%s:%d, policy %s, %d workers",
+                config.host,
+                config.port,
+                config.policy,
+                len(config.worker_urls),
+            )
         await stop.wait()
         log.info("shutting down")
     finally:

@@ -66,8 +66,8 @@ class RouterConfig:
                 raise ValueError(
                     "--pd-disaggregation needs at least one --prefill URL and one --decode URL"
                 )
-        elif self.prefill or self.decode_urls:
-            raise ValueError("--prefill and --decode need --pd-disaggregation")
+        elif self.prefill or self.decode_urls or self.prefill_policy is not None:
+            raise ValueError("--prefill, --decode and --prefill-policy need --pd-disaggregation")
         self.worker_specs()  # URL and port checks fail here, at start-up
 
     @property

@@ -1,0 +1,374 @@
+"""Prefill-decode disaggregated dispatch, the way SGLang's router does it (mini_lb / the gateway).
+
+Each request gets a (prefill, decode) pair: the prefill policy decides over prefill instances (load
+= unprefilled tokens), the decode policy over decode instances (load = tokens in use). The JSON
+body gains `bootstrap_host` (the prefill URL's host, IPv6 bracketed), `bootstrap_port` (the
+prefill's bootstrap server) and `bootstrap_room` (random, < 2^63); a batched /generate gets one of
+each per prompt. The same body goes to both at once and the client gets the decode's answer.
+
+Prefill done = the earliest of: the prefill's reply ending (SGLang's prefill answers once the KV
+is handed over) or the decode's first body byte (a decode cannot emit before it holds the KV).
+That ends the prefill's unprefilled-token count. Until then the router bounds the wait by
+--pd-handover-timeout-secs, so a prefill that never hands over its KV cannot hang a client.
+
+Faults: a prefill or decode failing before the decode's first byte reached us (refused, 5xx,
+dropped) ends the attempt on both sides and the pair is re-chosen without that instance; after
+that first byte, a lost decode stream ends with an SSE error event and [DONE].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from smetric_router.core.types import RequestFeatures
+from smetric_router.router.errors import RouterError, bad_request
+from smetric_router.router.metrics import RouterMetrics
+from smetric_router.router.proxy import (
+    _DROP_RESPONSE,
+    _UNREACHABLE,
+    REASON_HEADER,
+    WORKER_HEADER,
+    copy_stream,
+    forward_headers,
+)
+from smetric_router.router.routing import Routed, Router
+from smetric_router.router.workers import Worker, WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+PREFILL_HEADER = "x-smetric-prefill-worker"
+_ROOM_BITS = 63  # SGLang: random.randint(0, 2**63 - 1); the gateway masks a u64 with i64::MAX
+
+
+class Side(str, Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    prefill: Routed
+    decode: Routed
+
+    def side(self, side: Side) -> Routed:
+        return self.prefill if side is Side.PREFILL else self.decode
+
+    def headers(self) -> dict[str, str]:
+        return {
+            PREFILL_HEADER: self.prefill.decision.worker,
+            WORKER_HEADER: self.decode.decision.worker,
+            REASON_HEADER: self.prefill.decision.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """An attempt that failed before any byte reached the client: retry elsewhere if possible."""
+
+    side: Side
+    worker: str
+    why: str
+    status: int | None = None  # the worker's own 5xx, relayed as is on the last try
+    body: bytes = b""
+    content_type: str = "application/json"
+
+
+def bootstrap_host(url: str) -> str:
+    host = urlsplit(url).hostname or ""
+    return f"[{host}]" if ":" in host else host
+
+
+def batch_size(path: str, body: dict[str, Any]) -> int | None:
+    """Prompts in a batched request (None: one prompt). Batched /v1/completions is refused."""
+    if path == "/generate":
+        text, ids = body.get("text"), body.get("input_ids")
+        if isinstance(text, list):
+            return len(text)
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
+            return len(ids)
+        return None
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        raise bad_request(
+            "Batched prompts are not supported under PD disaggregation: send one prompt per "
+            "request, or a batch to /generate.",
+            param="prompt",
+        )
+    return None
+
+
+def with_bootstrap(body: dict[str, Any], prefill: Worker, n: int | None) -> bytes:
+    host, port = bootstrap_host(prefill.url), prefill.bootstrap_port
+    fields: dict[str, Any]
+    if n is None:
+        fields = {"bootstrap_room": random.getrandbits(_ROOM_BITS)}
+        fields.update(bootstrap_host=host, bootstrap_port=port)
+    else:
+        rooms = [random.getrandbits(_ROOM_BITS) for _ in range(n)]
+        fields = {"bootstrap_host": [host] * n, "bootstrap_port": [port] * n}
+        fields["bootstrap_room"] = rooms
+    return orjson.dumps({**body, **fields})
+
+
+class _Held:
+    """What one attempt adds to its pair's counts, taken back exactly once."""
+
+    def __init__(self, prefill: Worker, decode: Worker, unprefilled: int, tokens: int) -> None:
+        self.prefill, self.decode = prefill, decode
+        self.unprefilled, self.tokens = unprefilled, tokens
+        self.prefilling = self.decoding = True
+        prefill.inflight += 1
+        prefill.tokens += unprefilled
+        decode.inflight += 1
+        decode.tokens += tokens
+
+    def prefill_done(self) -> None:
+        if self.prefilling:
+            self.prefilling = False
+            self.prefill.inflight -= 1
+            self.prefill.tokens -= self.unprefilled
+
+    def release(self) -> None:
+        self.prefill_done()
+        if self.decoding:
+            self.decoding = False
+            self.decode.inflight -= 1
+            self.decode.tokens -= self.tokens
+
+
+@dataclass(slots=True)
+class PdProxy:
+    session: aiohttp.ClientSession
+    prefill_router: Router
+    decode_router: Router
+    registry: WorkerRegistry
+    metrics: RouterMetrics
+    max_retries: int
+    timeout: aiohttp.ClientTimeout
+    handover_timeout: float
+
+    def route(self, features: RequestFeatures, model: str | None) -> Pair:
+        return Pair(
+            self.prefill_router.route(features, model), self.decode_router.route(features, model)
+        )
+
+    async def dispatch(
+        self,
+        request: web.Request,
+        path: str,
+        body: dict[str, Any],
+        pair: Pair,
+        started: float,
+        label: str,
+    ) -> web.StreamResponse:
+        n = batch_size(path, body)
+        headers = forward_headers(request.headers)
+        excluded: dict[Side, list[str]] = {Side.PREFILL: [], Side.DECODE: []}
+        while True:
+            prefill = self.registry.workers.get(pair.prefill.decision.worker)
+            decode = self.registry.workers.get(pair.decode.decision.worker)
+            if prefill is None or decode is None:  # removed while an earlier try was in flight
+                side = Side.PREFILL if prefill is None else Side.DECODE
+                outcome: web.StreamResponse | _Failed = _Failed(
+                    side, pair.side(side).decision.worker, "removed"
+                )
+            else:
+                payload = with_bootstrap(body, prefill, n)
+                outcome = await self._attempt(
+                    request, path, payload, headers, pair, prefill, decode, started, label
+                )
+            if isinstance(outcome, web.StreamResponse):
+                return outcome
+            side_routed = pair.side(outcome.side)
+            tries = len(excluded[Side.PREFILL]) + len(excluded[Side.DECODE])
+            if not self._can_retry(side_routed, excluded[outcome.side], tries):
+                return self._give_up(outcome, pair, tries)
+            self.metrics.retries.labels(outcome.worker).inc()
+            log.warning("retrying away from %s: %s", outcome.worker, outcome.why)
+            excluded[outcome.side].append(outcome.worker)
+            router = self.prefill_router if outcome.side is Side.PREFILL else self.decode_router
+            rerouted = router.reroute(side_routed, excluded[outcome.side])
+            pair = replace(pair, **{outcome.side.value: rerouted})
+
+    def _can_retry(self, routed: Routed, excluded: list[str], tries: int) -> bool:
+        if tries >= self.max_retries:
+            return False
+        current = routed.decision.worker
+        return any(
+            w.healthy and w.url != current and w.url not in excluded for w in routed.view.workers
+        )
+
+    def _give_up(self, failed: _Failed, pair: Pair, tries: int) -> web.Response:
+        if failed.status is not None:  # the worker's own answer, as colocated routing does
+            headers = {**pair.headers(), "Content-Type": failed.content_type}
+            return web.Response(status=failed.status, body=failed.body, headers=headers)
+        raise RouterError(
+            502,
+            f"{failed.side.value} worker {failed.worker} failed ({failed.why}) "
+            f"after {tries} retries",
+            type_="server_error",
+            code="worker_unavailable",
+            headers=pair.headers(),
+        )
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        path: str,
+        payload: bytes,
+        headers: CIMultiDict[str],
+        pair: Pair,
+        prefill: Worker,
+        decode: Worker,
+        started: float,
+        label: str,
+    ) -> web.StreamResponse | _Failed:
+        features = pair.prefill.features
+        hit = next((w.hit for w in pair.prefill.view.workers if w.url == prefill.url), 0)
+        held = _Held(prefill, decode, max(0, features.prompt_len - hit), features.prompt_len)
+        p_task = asyncio.create_task(self._prefill(prefill, path, payload, headers))
+        d_task = asyncio.create_task(self._decode_head(decode, path, payload, headers))
+        try:
+            done, _ = await asyncio.wait(
+                (p_task, d_task), timeout=self.handover_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                raise RouterError(
+                    504,
+                    f"prefill {prefill.url} did not hand over the KV cache within "
+                    f"{self.handover_timeout:g} s",
+                    type_="server_error",
+                    code="prefill_timeout",
+                    headers=pair.headers(),
+                )
+            if p_task.done() and not d_task.done():
+                problem = self._prefill_outcome(p_task, prefill, pair)
+                if problem is not None:
+                    return problem
+                held.prefill_done()
+            head = await d_task
+            held.prefill_done()  # the decode's first byte: the KV has arrived
+            if isinstance(head, _Failed):
+                return head
+            resp, first = head
+            try:
+                return await self._relay(request, resp, first, pair, decode, started, label)
+            finally:
+                resp.close()
+        except asyncio.TimeoutError:
+            raise RouterError(
+                504,
+                f"decode {decode.url} did not answer within the request timeout",
+                type_="server_error",
+                code="worker_timeout",
+                headers=pair.headers(),
+            ) from None
+        finally:
+            held.release()
+            for t in (p_task, d_task):
+                t.cancel()
+            for result in await asyncio.gather(p_task, d_task, return_exceptions=True):
+                if isinstance(result, tuple) and isinstance(result[0], aiohttp.ClientResponse):
+                    result[0].close()  # a decode head nobody relayed
+
+    def _prefill_outcome(
+        self, task: asyncio.Task[tuple[int, bytes, str]], prefill: Worker, pair: Pair
+    ) -> web.Response | _Failed | None:
+        """None when the prefill finished well; otherwise what ends this attempt."""
+        try:
+            status, body, content_type = task.result()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            why_ = str(e) or type(e).__name__
+            if isinstance(e, aiohttp.ClientConnectorError):
+                self.registry.mark_failed(prefill, why_)
+            return _Failed(Side.PREFILL, prefill.url, why_)
+        if status >= 500:
+            return _Failed(Side.PREFILL, prefill.url, f"HTTP {status}", status, body, content_type)
+        if status >= 400:  # the request itself was refused: the decode would never get its KV
+            headers = {**pair.headers(), "Content-Type": content_type}
+            return web.Response(status=status, body=body, headers=headers)
+        return None
+
+    async def _prefill(
+        self, worker: Worker, path: str, payload: bytes, headers: CIMultiDict[str]
+    ) -> tuple[int, bytes, str]:
+        async with self.session.post(
+            worker.url + path,
+            data=payload,
+            headers=headers,
+            timeout=self.timeout,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        ) as resp:
+            return resp.status, await resp.read(), resp.content_type
+
+    async def _decode_head(
+        self, worker: Worker, path: str, payload: bytes, headers: CIMultiDict[str]
+    ) -> tuple[aiohttp.ClientResponse, bytes] | _Failed:
+        """The decode's response with its first chunk (a stream) or whole body (otherwise)."""
+        try:
+            resp = await self.session.post(
+                worker.url + path,
+                data=payload,
+                headers=headers,
+                timeout=self.timeout,
+                skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            )
+        except _UNREACHABLE as e:
+            why_ = str(e) or type(e).__name__
+            if isinstance(e, aiohttp.ClientConnectorError):
+                self.registry.mark_failed(worker, why_)
+            return _Failed(Side.DECODE, worker.url, why_)
+        try:
+            if resp.status >= 500:
+                body = await resp.read()
+                return _Failed(
+                    Side.DECODE, worker.url, f"HTTP {resp.status}", resp.status, body,
+                    resp.content_type,
+                )  # fmt: skip
+            if resp.content_type == "text/event-stream":
+                first = await resp.content.readany()
+            else:
+                first = await resp.read()
+        except aiohttp.ClientError as e:
+            resp.close()
+            return _Failed(Side.DECODE, worker.url, str(e) or type(e).__name__)
+        except BaseException:
+            resp.close()
+            raise
+        return resp, first
+
+    async def _relay(
+        self,
+        request: web.Request,
+        resp: aiohttp.ClientResponse,
+        first: bytes,
+        pair: Pair,
+        decode: Worker,
+        started: float,
+        label: str,
+    ) -> web.StreamResponse:
+        self.metrics.ttft.labels(label).observe(time.perf_counter() - started)
+        headers = CIMultiDict(
+            (k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE
+        )
+        headers.update(pair.headers())
+        if resp.content_type != "text/event-stream":
+            return web.Response(status=resp.status, body=first, headers=headers)
+        out = web.StreamResponse(status=resp.status, headers=headers)
+        await out.prepare(request)
+        await out.write(first)
+        tail = first[-2:] if first else b"\n\n"
+        await copy_stream(out, resp.content.iter_any(), decode.url, self.metrics, tail)
+        return out
