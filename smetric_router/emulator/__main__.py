@@ -9,10 +9,14 @@ import signal
 from collections.abc import Sequence
 
 from smetric_router.emulator.config import (
+    DEFAULT_BOOTSTRAP_PORT,
+    DEFAULT_DECODE_KV_TIMEOUT_S,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_MODEL_NAME,
     DEFAULT_OPENAI_MAX_TOKENS,
+    DEFAULT_TRANSFER_GBPS,
     NOTICE,
+    ROLES,
     SGLANG_VERSION,
     EmulatorConfig,
 )
@@ -51,10 +55,44 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--speedup", type=float, default=1.0, help="model seconds per wall second")
     p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
+    pd = p.add_argument_group(
+        "PD disaggregation",
+        "prefill: computes the prompt, answers with the first token and offers the KV under the "
+        "request's bootstrap_room on its bootstrap port; decode: fetches that KV from "
+        "bootstrap_host:bootstrap_port, waits the modelled transfer, then decodes the answer",
+    )
+    pd.add_argument(
+        "--role",
+        "--disaggregation-mode",
+        dest="role",
+        choices=ROLES,
+        default="null",
+        help="null = colocated (default)",
+    )
+    pd.add_argument(
+        "--disaggregation-bootstrap-port",
+        type=int,
+        default=DEFAULT_BOOTSTRAP_PORT,
+        help="prefill: port of the KV handover endpoint",
+    )
+    pd.add_argument(
+        "--transfer-gbps",
+        type=float,
+        default=DEFAULT_TRANSFER_GBPS,
+        help="decode: modelled prefill -> decode KV link in Gbit/s (scaled by --speedup)",
+    )
+    pd.add_argument(
+        "--decode-kv-timeout-secs",
+        type=float,
+        default=DEFAULT_DECODE_KV_TIMEOUT_S,
+        help="decode: wall seconds to wait for a request's KV before failing it",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     if args.speedup <= 0:
         p.error("--speedup must be positive")
+    if args.transfer_gbps <= 0 or args.decode_kv_timeout_secs <= 0:
+        p.error("--transfer-gbps and --decode-kv-timeout-secs must be positive")
     if args.kv_events_replay_port is not None and args.kv_events_port is None:
         p.error("--kv-events-replay-port needs --kv-events-port")
     return args
@@ -70,6 +108,10 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         kv_events_replay_port=args.kv_events_replay_port,
         kv_events_topic=args.kv_events_topic,
         speedup=args.speedup,
+        role=args.role,
+        bootstrap_port=args.disaggregation_bootstrap_port,
+        transfer_gbps=args.transfer_gbps,
+        decode_kv_timeout_s=args.decode_kv_timeout_secs,
         engine=EngineConfig(
             page_size=args.page_size,
             gpu_kv_tokens=args.gpu_kv_tokens,

@@ -35,6 +35,12 @@ class Answer:
     def finish_type(self) -> str:
         return "length" if self.matched_stop is None else "stop"
 
+    def first_token(self, codec: ChatCodec) -> Answer:
+        """What a PD prefill instance answers: the first token only."""
+        ends = len(self.output_ids) == 1 and self.matched_stop is not None
+        stop = self.matched_stop if ends else None
+        return Answer(self.text_at(codec, 1), self.text_ids[:1], self.output_ids[:1], stop)
+
     def text_at(self, codec: ChatCodec, n_out: int) -> str:
         """Cumulative text after n_out emitted tokens, holding back a split UTF-8 character."""
         if n_out >= len(self.text_ids):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from smetric_router.engine.api import EngineConfig
 
@@ -14,6 +15,12 @@ SGLANG_VERSION = "0.5.23"  # the HTTP surface emulated
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default (/generate)
 DEFAULT_MODEL_NAME = "emulated-sglang-worker"
 DEFAULT_OPENAI_MAX_TOKENS = 64  # OpenAI endpoints without max_tokens: a modest synthetic answer
+DEFAULT_BOOTSTRAP_PORT = 8998  # SGLang's --disaggregation-bootstrap-port default
+DEFAULT_TRANSFER_GBPS = 200.0  # DESIGN §6: one 200 Gbps RDMA NIC per server
+DEFAULT_DECODE_KV_TIMEOUT_S = 300.0
+
+Role = Literal["null", "prefill", "decode"]  # SGLang's --disaggregation-mode; null = colocated
+ROLES: tuple[Role, ...] = ("null", "prefill", "decode")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +33,10 @@ class EmulatorConfig:
     kv_events_replay_port: int | None = None
     kv_events_topic: str = ""
     speedup: float = 1.0  # model seconds per wall second
+    role: Role = "null"
+    bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT  # prefill: where decode fetches its KV
+    transfer_gbps: float = DEFAULT_TRANSFER_GBPS  # the modelled prefill -> decode KV link
+    decode_kv_timeout_s: float = DEFAULT_DECODE_KV_TIMEOUT_S  # decode: wall seconds to wait for KV
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     @property

@@ -15,6 +15,7 @@ class Faults:
     status: int = 503
     die_mid_stream_next: int = 0  # drop the connection after the first chunk of this many
     stall: bool = False  # accept requests and answer none until stall is cleared
+    withhold_kv_next: int = 0  # PD prefill: this many requests never hand their KV over
     _unstalled: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -22,11 +23,11 @@ class Faults:
 
     def update(self, body: dict[str, Any]) -> None:
         """Set the faults named in body; raises ValueError (nothing changed) on a bad value."""
-        known = {"fail_next", "status", "die_mid_stream_next", "stall"}
+        known = {"fail_next", "status", "die_mid_stream_next", "stall", "withhold_kv_next"}
         unknown = set(body) - known
         if unknown:
             raise ValueError(f"unknown fault(s): {sorted(unknown)}")
-        for key in ("fail_next", "die_mid_stream_next"):
+        for key in ("fail_next", "die_mid_stream_next", "withhold_kv_next"):
             if key in body and (type(body[key]) is not int or body[key] < 0):
                 raise ValueError(f"{key} must be a non-negative integer")
         if "status" in body and (
@@ -39,6 +40,7 @@ class Faults:
         self.status = body.get("status", self.status)
         self.die_mid_stream_next = body.get("die_mid_stream_next", self.die_mid_stream_next)
         self.stall = body.get("stall", self.stall)
+        self.withhold_kv_next = body.get("withhold_kv_next", self.withhold_kv_next)
         if self.stall:
             self._unstalled.clear()
         else:
@@ -50,6 +52,7 @@ class Faults:
             "status": self.status,
             "die_mid_stream_next": self.die_mid_stream_next,
             "stall": self.stall,
+            "withhold_kv_next": self.withhold_kv_next,
         }
 
     def take_fail(self) -> int | None:
@@ -63,6 +66,12 @@ class Faults:
         if self.die_mid_stream_next == 0:
             return False
         self.die_mid_stream_next -= 1
+        return True
+
+    def take_withhold(self) -> bool:
+        if self.withhold_kv_next == 0:
+            return False
+        self.withhold_kv_next -= 1
         return True
 
     async def wait_unstalled(self) -> None:

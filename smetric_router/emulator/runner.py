@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from smetric_router.core.kv_events import KVCacheEvent
@@ -40,6 +40,9 @@ class Tracked:
     cached: CachedTokens | None = None
     finished: bool = False
     abort_message: str | None = None
+    error_status: int | None = None  # set with abort_message when the request failed as an error
+    on_finish: Callable[[Tracked], None] | None = None  # PD prefill: hands its KV over
+    arrival: asyncio.Task[None] | None = None  # PD decode: waits for the KV, then enters the engine
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -89,7 +92,56 @@ class EngineRunner:
         self._task = None
 
     def submit(
-        self, rid: str, input_ids: list[int], output_ids: list[int], *, counted: bool = True
+        self,
+        rid: str,
+        input_ids: list[int],
+        output_ids: list[int],
+        *,
+        counted: bool = True,
+        on_finish: Callable[[Tracked], None] | None = None,
+    ) -> Tracked:
+        t = self._track(rid, input_ids, output_ids, counted)
+        t.on_finish = on_finish
+        self.engine.add_request(EngineRequest(rid, input_ids, output_ids))
+        self._wake.set()
+        return t
+
+    def submit_prefilled(
+        self,
+        rid: str,
+        input_ids: list[int],
+        output_ids: list[int],
+        kv: Callable[[], Awaitable[CachedTokens]],
+        error_status: int,
+    ) -> Tracked:
+        """PD decode: the request enters the engine once kv() (its prompt's KV, transferred)
+        arrives, with the cache report it yields; if kv() raises, the request fails with
+        error_status and the exception's message."""
+        t = self._track(rid, input_ids, output_ids, True)
+
+        async def arrive() -> None:
+            try:
+                cached = await kv()
+            except Exception as exc:
+                if not t.done:
+                    t.abort_message, t.error_status = str(exc), error_status
+                    t.changed.set()
+                return
+            if self._tracked.get(rid) is not t or t.done:
+                return
+            if self.failure is not None:
+                t.abort_message, t.error_status = f"engine failed: {self.failure}", 503
+                t.changed.set()
+                return
+            t.cached = cached
+            self.engine.add_prefilled_request(EngineRequest(rid, input_ids, output_ids))
+            self._wake.set()
+
+        t.arrival = asyncio.create_task(arrive(), name=f"kv-arrival-{rid}")
+        return t
+
+    def _track(
+        self, rid: str, input_ids: list[int], output_ids: list[int], counted: bool
     ) -> Tracked:
         if self.failure is not None:
             raise EngineFailed(str(self.failure))
@@ -97,17 +149,17 @@ class EngineRunner:
             raise DuplicateRid(f"request id {rid!r} is already in flight")
         t = Tracked(rid, input_ids, output_ids, counted)
         self._tracked[rid] = t
-        self.engine.add_request(EngineRequest(rid, input_ids, output_ids))
         if counted:
             self.counters.requests += 1
             self.counters.prompt_tokens += len(input_ids)
-        self._wake.set()
         return t
 
     def abort(self, rid: str, message: str = "Abort requested") -> None:
         t = self._tracked.pop(rid, None)
         if t is None:
             return
+        if t.arrival is not None:
+            t.arrival.cancel()
         self.engine.abort(rid)
         if not t.done:
             t.abort_message = message
@@ -188,9 +240,10 @@ class EngineRunner:
             t = self._tracked.get(rid)
             if t is None:
                 continue
-            t.cached = cached
+            if t.cached is None:  # a PD decode already holds its prefill's report
+                t.cached = cached
             if t.counted:
-                c.cached_tokens += cached.total
+                c.cached_tokens += t.cached.total
             t.changed.set()
         for rid, n in emitted:
             t = self._tracked.get(rid)
@@ -209,4 +262,6 @@ class EngineRunner:
                 t.abort_message = "request does not fit the KV cache"
             else:
                 t.finished = True
+                if t.on_finish is not None:
+                    t.on_finish(t)
             t.changed.set()

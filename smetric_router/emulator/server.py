@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -16,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any, cast
 
+import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -24,6 +26,7 @@ from smetric_router.cluster.publisher import KvEventPublisher
 from smetric_router.core.kv_events import AnyEvent, KVCacheEvent
 from smetric_router.emulator.answer import Answer, make_answer
 from smetric_router.emulator.config import (
+    DEFAULT_BOOTSTRAP_PORT,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_OPENAI_MAX_TOKENS,
     NOTICE,
@@ -32,13 +35,24 @@ from smetric_router.emulator.config import (
 )
 from smetric_router.emulator.faults import Faults
 from smetric_router.emulator.metrics import make_registry
+from smetric_router.emulator.pd import (
+    Handover,
+    KvTransferError,
+    Rooms,
+    fetch_kv,
+    make_bootstrap_app,
+    parse_room,
+    transfer_seconds,
+)
 from smetric_router.emulator.runner import DuplicateRid, EngineFailed, EngineRunner, Tracked
-from smetric_router.engine.api import EngineModel
+from smetric_router.engine.api import CachedTokens, EngineModel
+from smetric_router.engine.timing import load_profile
 from smetric_router.features.chat import ChatCodec
 
 log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT's default
+KV_TRANSFER_FAILED = 500  # SGLang aborts a decode whose KV transfer failed as an internal error
 GENERATION_PATHS = frozenset({"/generate", "/v1/chat/completions", "/v1/completions"})
 _DIE_KEY = web.RequestKey("emulator_die_mid_stream", bool)
 Json = dict[str, Any]
@@ -55,6 +69,12 @@ class Emulator:
         self.registry = make_registry(self.runner, config.model_name)
         self.started = time.time()
         self._publisher: KvEventPublisher | None = None
+        self.rooms = Rooms()  # PD prefill: KV offered to decode instances
+        self._bootstrap: web.AppRunner | None = None
+        self._http: aiohttp.ClientSession | None = None  # PD decode: fetches KV from prefills
+        self._kv_bytes_per_token: int = load_profile(config.engine.profile)["model"][
+            "kv_bytes_per_token"
+        ]
 
     def _publish(self, events: list[KVCacheEvent]) -> None:
         if self._publisher is not None:
@@ -67,11 +87,45 @@ class Emulator:
             self._publisher = KvEventPublisher(
                 endpoint, self.config.kv_events_replay_endpoint, topic=self.config.kv_events_topic
             )
+        if self.config.role == "prefill":
+            self._bootstrap = await start_server(
+                make_bootstrap_app(self.rooms), self.config.host, self.config.bootstrap_port
+            )
+        elif self.config.role == "decode":
+            self._http = aiohttp.ClientSession()
         self.runner.start()
-        log.info("engine loop started; kv events: %s", endpoint or "off")
+        log.info(
+            "engine loop started; kv events: %s; disaggregation mode: %s",
+            endpoint or "off",
+            self.config.role,
+        )
+
+    def hand_over(self, room: int, t: Tracked) -> None:
+        """PD prefill: the prompt's KV is ready; offer it to the decode side."""
+        self.rooms.offer(Handover(room, len(t.input_ids), t.cached or CachedTokens()))
+
+    async def receive_kv(self, host: str, port: int, room: int, n_prompt: int) -> CachedTokens:
+        """PD decode: wait for room's KV from its prefill, then for the modelled transfer."""
+        assert self._http is not None, "receive_kv on a worker that is not a decode instance"
+        cfg = self.config
+        handover = await fetch_kv(self._http, host, port, room, cfg.decode_kv_timeout_s)
+        if handover.prompt_tokens != n_prompt:
+            raise KvTransferError(
+                f"bootstrap room {room} holds KV of {handover.prompt_tokens} prompt tokens, "
+                f"this request has {n_prompt}"
+            )
+        seconds = transfer_seconds(n_prompt, self._kv_bytes_per_token, cfg.transfer_gbps)
+        await asyncio.sleep(seconds / cfg.speedup)
+        return handover.cached
 
     async def stop(self) -> None:
         await self.runner.stop()
+        if self._bootstrap is not None:
+            await self._bootstrap.cleanup()
+            self._bootstrap = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         if self._publisher is not None:
             self._publisher.close()
             self._publisher = None
@@ -229,21 +283,80 @@ async def faults_handler(request: web.Request) -> web.Response:
 # --- generation ---------------------------------------------------------------------------------
 
 
+def _pairing(body: Json, role: str) -> tuple[int, str, int]:
+    """A PD request's bootstrap room and its prefill's bootstrap host and port."""
+    try:
+        room = parse_room(body.get("bootstrap_room"))
+    except ValueError as exc:
+        raise _BadRequest(f"{role} instance: {exc}") from exc
+    host, port = body.get("bootstrap_host"), body.get("bootstrap_port")
+    if port is None:
+        port = DEFAULT_BOOTSTRAP_PORT
+    if role == "decode" and (not isinstance(host, str) or not host):
+        raise _BadRequest("decode instance: bootstrap_host must name the prefill's host")
+    if type(port) is not int or not 0 < port < 65536:
+        raise _BadRequest("bootstrap_port must be a port number")
+    return room, host if isinstance(host, str) else "", port
+
+
 class _Submission:
-    """A parsed generation request, submitted to the runner; released when the handler ends."""
+    """A parsed generation request, submitted to the runner; released when the handler ends.
+
+    PD: a prefill instance computes the prompt and answers with the first token only, offering
+    the KV under the request's bootstrap room when its prefill finishes; a decode instance waits
+    for that KV, then decodes the whole answer (the same one a colocated worker gives).
+    """
 
     def __init__(
-        self, em: Emulator, prompt: list[int], max_tokens: int, user_rid: object, end_turn: bool
+        self, em: Emulator, body: Json, prompt: list[int], max_tokens: int, end_turn: bool
     ) -> None:
+        user_rid = body.get("rid")
         if user_rid is not None and not isinstance(user_rid, str):
             raise _BadRequest("rid must be a string")
         self.rid = user_rid or uuid.uuid4().hex
         self.answer = make_answer(em.codec, prompt, max_tokens, user_rid, end_turn)
         self.created = int(time.time())
+        role, runner = em.config.role, em.runner
         try:
-            self.t = em.runner.submit(self.rid, prompt, self.answer.output_ids)
+            if role == "prefill":
+                room, _, _ = _pairing(body, role)
+                self.answer = self.answer.first_token(em.codec)
+                withhold = em.faults.take_withhold()
+                self.t = runner.submit(
+                    self.rid,
+                    prompt,
+                    self.answer.output_ids,
+                    on_finish=None if withhold else functools.partial(em.hand_over, room),
+                )
+            elif role == "decode":
+                room, host, port = _pairing(body, role)
+                self.t = runner.submit_prefilled(
+                    self.rid,
+                    prompt,
+                    self.answer.output_ids,
+                    functools.partial(em.receive_kv, host, port, room, len(prompt)),
+                    KV_TRANSFER_FAILED,
+                )
+            else:
+                self.t = runner.submit(self.rid, prompt, self.answer.output_ids)
         except DuplicateRid as exc:
             raise _BadRequest(str(exc)) from exc
+
+
+def _error_body(message: str, status: int) -> Json:
+    err_type = "InternalServerError" if status >= 500 else "BadRequestError"
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+
+
+async def _or_error(t: Tracked, events: AsyncIterator[Json]) -> AsyncIterator[Json]:
+    """A request that failed as an error (PD: no KV) ends its stream with an error event, as
+    SGLang's streaming handlers do, instead of an aborted chunk."""
+    async for ev in events:
+        if t.error_status is not None:
+            break
+        yield ev
+    if t.error_status is not None:
+        yield {"error": _error_body(t.abort_message or "request failed", t.error_status)}
 
 
 async def _run(
@@ -254,13 +367,17 @@ async def _run(
     whole: Callable[[], Json],
 ) -> web.StreamResponse:
     runner = request.app[EMULATOR].runner
+    t = sub.t
     try:
         if stream:
-            return await _sse(request, chunks())
+            return await _sse(request, _or_error(t, chunks()))
         if request.get(_DIE_KEY, False):
             _drop_connection(request)
             return web.Response()
-        await _finished(sub.t)
+        await _finished(t)
+        if t.error_status is not None:
+            body = _error_body(t.abort_message or "request failed", t.error_status)
+            return _json(body if request.path != "/generate" else {"error": body}, t.error_status)
         return _json(whole())
     finally:
         runner.release(sub.rid)
@@ -280,7 +397,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         if not isinstance(params, dict):
             raise _BadRequest("sampling_params must be an object")
         n = _positive_int(params.get("max_new_tokens"), "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-        sub = _Submission(em, prompt, n, body.get("rid"), end_turn=False)
+        sub = _Submission(em, body, prompt, n, end_turn=False)
     except _BadRequest as exc:
         return _json({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
     except EngineFailed as exc:
@@ -336,7 +453,7 @@ async def _openai(
     try:
         body = await _body(request)
         n, stream, include_usage = _openai_common(em, body)
-        sub = _Submission(em, parse_prompt(em, body), n, body.get("rid"), end_turn=chat)
+        sub = _Submission(em, body, parse_prompt(em, body), n, end_turn=chat)
     except LookupError as exc:
         return _openai_error(str(exc), 404, "NotFoundError")
     except _BadRequest as exc:
@@ -478,7 +595,11 @@ def _server_info(em: Emulator) -> Json:
         "emulator_speedup": cfg.speedup,
         "tp_size": 1,
         "dp_size": 1,
-        "disaggregation_mode": "null",
+        "disaggregation_mode": cfg.role,
+        "disaggregation_bootstrap_port": cfg.bootstrap_port,
+        "disaggregation_transfer_backend": "emulated",
+        "emulator_transfer_gbps": cfg.transfer_gbps,
+        "emulator_decode_kv_timeout_secs": cfg.decode_kv_timeout_s,
         "enable_cache_report": True,
         "kv_events_config": kv_config,
         "kv_events": kv,
@@ -500,7 +621,7 @@ async def model_info(request: web.Request) -> web.Response:
             "served_model_name": cfg.model_name,
             "tokenizer_path": cfg.tokenizer_path,
             "is_generation": True,
-            "disaggregation_mode": "null",
+            "disaggregation_mode": cfg.role,
             "weight_version": "default",
             "emulated": True,
             "emulator_notice": NOTICE,

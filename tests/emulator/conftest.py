@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -65,9 +66,9 @@ class Worker:
         return events
 
 
-@pytest.fixture
-async def worker() -> AsyncIterator[Worker]:
-    http_port, events_port, replay_port = free_ports(3)
+def make_config(**changes: Any) -> EmulatorConfig:
+    """A worker's config on fresh free ports (HTTP, KV events, replay, bootstrap)."""
+    http_port, events_port, replay_port, bootstrap_port = free_ports(4)
     config = EmulatorConfig(
         host="127.0.0.1",
         port=http_port,
@@ -75,12 +76,26 @@ async def worker() -> AsyncIterator[Worker]:
         tokenizer_path=str(DEFAULT_TOKENIZER_DIR),
         kv_events_port=events_port,
         kv_events_replay_port=replay_port,
+        bootstrap_port=bootstrap_port,
         speedup=50.0,
         engine=EngineConfig(page_size=PAGE, gpu_kv_tokens=1 << 16),
     )
+    return replace(config, **changes)
+
+
+@contextlib.asynccontextmanager
+async def serving(config: EmulatorConfig) -> AsyncIterator[Worker]:
     codec = load_codec()
     app = make_app(config, Engine(config.engine), codec)
     runner = await start_server(app, config.host, config.port)
-    async with aiohttp.ClientSession() as http:
-        yield Worker(f"http://{config.host}:{config.port}", http, config, codec)
-    await runner.cleanup()
+    try:
+        async with aiohttp.ClientSession() as http:
+            yield Worker(f"http://{config.host}:{config.port}", http, config, codec)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def worker() -> AsyncIterator[Worker]:
+    async with serving(make_config()) as w:
+        yield w

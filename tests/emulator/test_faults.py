@@ -28,7 +28,13 @@ async def _until_idle(worker: Worker, deadline_s: float = 5.0) -> None:
 async def test_no_fault_is_armed_by_default(worker: Worker) -> None:
     status, state = await worker.get("/emulator/faults")
     assert status == 200
-    assert state == {"fail_next": 0, "status": 503, "die_mid_stream_next": 0, "stall": False}
+    assert state == {
+        "fail_next": 0,
+        "status": 503,
+        "die_mid_stream_next": 0,
+        "stall": False,
+        "withhold_kv_next": 0,
+    }
 
 
 async def test_fail_next_refuses_n_requests(worker: Worker) -> None:
