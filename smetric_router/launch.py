@@ -3,6 +3,7 @@
     python -m smetric_router.launch                      # 4 emulated workers + router on :30000
     python -m smetric_router.launch --workers 8 --policy load_balance --port 31000
     python -m smetric_router.launch --config launch/emulated.yaml
+    python -m smetric_router.launch --config launch/emulated-pd.yaml   # PD: 4 prefill + 2 decode
 
 Every process runs as a child in its own process group; Ctrl-C or SIGTERM stops all of them, and if
 any child dies the launcher stops the rest and exits non-zero.
@@ -11,6 +12,7 @@ any child dies the launcher stops the rest and exits non-zero.
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import signal
@@ -54,9 +56,24 @@ class WorkerSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PdSpec:
+    """PD disaggregation: prefill and decode instances instead of workers.count colocated ones;
+    router.policy becomes the prefill policy."""
+
+    prefill: int = 4
+    decode: int = 2
+    transfer_gbps: float = 200.0  # the modelled prefill -> decode KV link
+    decode_kv_timeout_secs: float = 300.0
+    decode_policy: str = ""  # the router's --decode-policy; empty: the router's default
+    prefill_extra_args: tuple[str, ...] = ()
+    decode_extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSpec:
     router: RouterSpec = field(default_factory=RouterSpec)
     workers: WorkerSpec = field(default_factory=WorkerSpec)
+    pd: PdSpec | None = None  # None: colocated workers
 
 
 def _section(cls: type[Any], raw: object, where: str) -> Any:
@@ -68,7 +85,9 @@ def _section(cls: type[Any], raw: object, where: str) -> Any:
     unknown = set(raw) - known
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
-    values = {k: tuple(str(a) for a in v) if k == "extra_args" else v for k, v in raw.items()}
+    values = {
+        k: tuple(str(a) for a in v) if k.endswith("extra_args") else v for k, v in raw.items()
+    }
     return cls(**values)
 
 
@@ -79,13 +98,19 @@ def load_spec(path: Path) -> ClusterSpec:
         raise ValueError(f"cannot read cluster spec {path}: {e}") from e
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a mapping with 'router' and 'workers'")
-    unknown = set(raw) - {"router", "workers"}
+    unknown = set(raw) - {"router", "workers", "pd"}
     if unknown:
         raise ValueError(f"{path}: unknown sections {sorted(unknown)}")
     spec = ClusterSpec(
         router=_section(RouterSpec, raw.get("router"), f"{path}: router"),
         workers=_section(WorkerSpec, raw.get("workers"), f"{path}: workers"),
+        pd=None if "pd" not in raw else _section(PdSpec, raw["pd"], f"{path}: pd"),
     )
+    if spec.pd is not None:
+        if isinstance(raw.get("workers"), dict) and "count" in raw["workers"]:
+            raise ValueError(f"{path}: workers.count does not apply with pd; set pd.prefill/decode")
+        if spec.pd.prefill < 1 or spec.pd.decode < 1:
+            raise ValueError(f"{path}: pd.prefill and pd.decode must be >= 1")
     if spec.workers.kind != "emulated":
         raise ValueError(
             f"{path}: workers.kind {spec.workers.kind!r} is not supported by this launcher yet; "
@@ -111,6 +136,79 @@ def _port_in_use(host: str, port: int) -> bool:
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerLaunch:
+    """One emulated worker to start: its name, URL, role and emulator arguments."""
+
+    name: str
+    url: str
+    args: tuple[str, ...]
+    role: str = "null"  # null (colocated) | prefill | decode
+    bootstrap_port: int | None = None  # prefill: where its decode instances fetch KV
+
+
+def plan_workers(spec: ClusterSpec) -> list[WorkerLaunch]:
+    """The workers of a spec, with their ports: consecutive from workers.base_port, else free."""
+    w, pd = spec.workers, spec.pd
+    counter = itertools.count(w.base_port)
+
+    def port() -> int:
+        return next(counter) if w.base_port else free_port()
+
+    common = ("--host", "127.0.0.1", "--model-name", w.model_name, "--page-size",
+              str(w.page_size), "--profile", w.profile, "--speedup", str(w.speedup))  # fmt: skip
+
+    def kv_events() -> tuple[str, ...]:
+        return ("--kv-events-port", str(port()), "--kv-events-replay-port", str(port()))
+
+    plan = []
+    if pd is None:
+        for i in range(w.count):
+            http = port()
+            args = ("smetric_router.emulator", "--port", str(http), *common, *kv_events(),
+                    *w.extra_args)  # fmt: skip
+            plan.append(WorkerLaunch(f"worker-{i}", f"http://127.0.0.1:{http}", args))
+        return plan
+    for i in range(pd.prefill):
+        http = port()
+        events = kv_events()
+        bootstrap = port()
+        args = ("smetric_router.emulator", "--port", str(http), *common, *events,
+                "--role", "prefill", "--disaggregation-bootstrap-port", str(bootstrap),
+                *w.extra_args, *pd.prefill_extra_args)  # fmt: skip
+        url = f"http://127.0.0.1:{http}"
+        plan.append(WorkerLaunch(f"prefill-{i}", url, args, "prefill", bootstrap))
+    for i in range(pd.decode):
+        # no KV events: a decode instance's cache is not what the router routes by
+        http = port()
+        args = ("smetric_router.emulator", "--port", str(http), *common, "--role", "decode",
+                "--transfer-gbps", str(pd.transfer_gbps),
+                "--decode-kv-timeout-secs", str(pd.decode_kv_timeout_secs),
+                *w.extra_args, *pd.decode_extra_args)  # fmt: skip
+        plan.append(WorkerLaunch(f"decode-{i}", f"http://127.0.0.1:{http}", args, "decode"))
+    return plan
+
+
+def router_args(spec: ClusterSpec, workers: list[WorkerLaunch]) -> list[str]:
+    """The router's command line (after `python -m`) for these workers."""
+    r, pd = spec.router, spec.pd
+    args = ["smetric_router", "--host", r.host, "--port", str(r.port),
+            "--overload", str(r.overload), "--hit-ratio", str(r.hit_ratio)]  # fmt: skip
+    if pd is None:
+        args += ["--policy", r.policy, "--worker-urls", *(w.url for w in workers)]
+        return args + list(r.extra_args)
+    # sglang_router's PD spellings: --prefill URL BOOTSTRAP_PORT and --decode URL, repeated
+    args += ["--pd-disaggregation", "--prefill-policy", r.policy]
+    if pd.decode_policy:
+        args += ["--decode-policy", pd.decode_policy]
+    for w in workers:
+        if w.role == "prefill":
+            args += ["--prefill", w.url, str(w.bootstrap_port)]
+        elif w.role == "decode":
+            args += ["--decode", w.url]
+    return args + list(r.extra_args)
+
+
 @dataclass
 class Child:
     name: str
@@ -124,7 +222,7 @@ class Stack:
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
         self.children: list[Child] = []
-        self.worker_urls: list[str] = []
+        self.workers: list[WorkerLaunch] = []
         r = spec.router
         self.url = f"http://{r.host}:{r.port}"
 
@@ -135,45 +233,18 @@ class Stack:
         self.children.append(Child(name, proc, ready_url))
 
     def start(self) -> None:
-        w, r = self.spec.workers, self.spec.router
+        r = self.spec.router
         if _port_in_use(r.host, r.port):
             raise RuntimeError(f"router port {r.host}:{r.port} is already in use (use --port)")
-        for i in range(w.count):
-            port = w.base_port + 3 * i if w.base_port else free_port()
-            events = w.base_port + 3 * i + 1 if w.base_port else free_port()
-            replay = w.base_port + 3 * i + 2 if w.base_port else free_port()
-            url = f"http://127.0.0.1:{port}"
-            self.worker_urls.append(url)
-            self._spawn(
-                f"worker-{i}",
-                [
-                    "smetric_router.emulator",
-                    "--host", "127.0.0.1", "--port", str(port),
-                    "--model-name", w.model_name,
-                    "--page-size", str(w.page_size),
-                    "--profile", w.profile,
-                    "--speedup", str(w.speedup),
-                    "--kv-events-port", str(events),
-                    "--kv-events-replay-port", str(replay),
-                    *w.extra_args,
-                ],
-                f"{url}/health",
-            )  # fmt: skip
-        self._wait_ready(self.children)
-        self._spawn(
-            "router",
-            [
-                "smetric_router",
-                "--host", r.host, "--port", str(r.port),
-                "--policy", r.policy,
-                "--overload", str(r.overload),
-                "--hit-ratio", str(r.hit_ratio),
-                "--worker-urls", *self.worker_urls,
-                *r.extra_args,
-            ],
-            f"{self.url}/readiness",
-        )  # fmt: skip
+        self.start_workers()
+        self._spawn("router", router_args(self.spec, self.workers), f"{self.url}/readiness")
         self._wait_ready(self.children[-1:])
+
+    def start_workers(self) -> None:
+        self.workers = plan_workers(self.spec)
+        for w in self.workers:
+            self._spawn(w.name, list(w.args), f"{w.url}/health")
+        self._wait_ready(self.children)
 
     def _wait_ready(self, children: list[Child]) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -251,10 +322,12 @@ def resolve_spec(args: argparse.Namespace) -> ClusterSpec:
     if args.workers is not None:
         if args.workers < 1:
             raise ValueError("--workers must be >= 1")
+        if spec.pd is not None:
+            raise ValueError("--workers does not apply to a PD spec (set pd.prefill/pd.decode)")
         workers = replace(workers, count=args.workers)
     if args.speedup is not None:
         workers = replace(workers, speedup=args.speedup)
-    return ClusterSpec(router=router, workers=workers)
+    return replace(spec, router=router, workers=workers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,9 +349,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         stack.start()
+        urls = " ".join(w.url for w in stack.workers)
+        if spec.pd is None:
+            what = f"policy {spec.router.policy}, {spec.workers.count} emulated workers"
+        else:
+            what = (
+                f"PD, prefill policy {spec.router.policy}, {spec.pd.prefill} prefill + "
+                f"{spec.pd.decode} decode emulated workers"
+            )
         print(
-            f"smetric-router ready at {stack.url} (policy {spec.router.policy}, "
-            f"{spec.workers.count} emulated workers: {' '.join(stack.worker_urls)})\n"
+            f"smetric-router ready at {stack.url} ({what}: {urls})\n"
             f"  try: curl {stack.url}/v1/models    Ctrl-C stops everything",
             flush=True,
         )

@@ -4,7 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from smetric_router.launch import ClusterSpec, build_parser, load_spec, resolve_spec
+from smetric_router.launch import (
+    ClusterSpec,
+    PdSpec,
+    WorkerSpec,
+    build_parser,
+    load_spec,
+    plan_workers,
+    resolve_spec,
+    router_args,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,3 +44,66 @@ def test_bad_specs_are_rejected_clearly(tmp_path: Path, text: str, message: str)
     p.write_text(text)
     with pytest.raises(ValueError, match=message):
         load_spec(p)
+
+
+def test_committed_pd_spec_is_the_pd_default() -> None:
+    assert load_spec(ROOT / "launch" / "emulated-pd.yaml") == ClusterSpec(pd=PdSpec())
+
+
+def test_pd_router_gets_sglang_router_pd_flags() -> None:
+    spec = ClusterSpec(
+        workers=WorkerSpec(base_port=41000),
+        pd=PdSpec(prefill=2, decode=1, decode_policy="least_tokens"),
+    )
+    plan = plan_workers(spec)
+    assert [(w.name, w.role) for w in plan] == [
+        ("prefill-0", "prefill"), ("prefill-1", "prefill"), ("decode-0", "decode")
+    ]  # fmt: skip
+    # prefill: HTTP, KV events, replay, bootstrap; decode: HTTP only
+    assert [w.url for w in plan] == [
+        "http://127.0.0.1:41000", "http://127.0.0.1:41004", "http://127.0.0.1:41008"
+    ]  # fmt: skip
+    assert [w.bootstrap_port for w in plan] == [41003, 41007, None]
+    assert "--role" in plan[0].args and plan[0].args[plan[0].args.index("--role") + 1] == "prefill"
+    assert "--kv-events-port" not in plan[2].args
+    args = router_args(spec, plan)
+    tail = args[args.index("--pd-disaggregation") :]
+    assert tail == [
+        "--pd-disaggregation", "--prefill-policy", "smetric", "--decode-policy", "least_tokens",
+        "--prefill", "http://127.0.0.1:41000", "41003",
+        "--prefill", "http://127.0.0.1:41004", "41007",
+        "--decode", "http://127.0.0.1:41008",
+    ]  # fmt: skip
+    assert "--worker-urls" not in args
+
+
+def test_colocated_router_args_list_every_worker() -> None:
+    spec = ClusterSpec(workers=WorkerSpec(count=2, base_port=42000))
+    args = router_args(spec, plan_workers(spec))
+    i = args.index("--worker-urls")
+    assert args[i + 1 : i + 3] == ["http://127.0.0.1:42000", "http://127.0.0.1:42003"]
+    assert args[args.index("--policy") + 1] == "smetric"
+    assert "--pd-disaggregation" not in args
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("workers: {count: 2}\npd: {}\n", "workers.count does not apply"),
+        ("pd: {prefill: 0}\n", "must be >= 1"),
+        ("pd: {prefills: 2}\n", "unknown keys"),
+    ],
+)
+def test_bad_pd_specs_are_rejected_clearly(tmp_path: Path, text: str, message: str) -> None:
+    p = tmp_path / "spec.yaml"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_spec(p)
+
+
+def test_workers_flag_does_not_apply_to_a_pd_spec() -> None:
+    args = build_parser().parse_args(
+        ["--config", str(ROOT / "launch" / "emulated-pd.yaml"), "--workers", "3"]
+    )
+    with pytest.raises(ValueError, match="does not apply to a PD spec"):
+        resolve_spec(args)
