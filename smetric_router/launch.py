@@ -226,6 +226,10 @@ class Stack:
         r = spec.router
         self.url = f"http://{r.host}:{r.port}"
 
+    @property
+    def worker_urls(self) -> list[str]:
+        return [w.url for w in self.workers]
+
     def _spawn(self, name: str, args: list[str], ready_url: str) -> None:
         cmd = [sys.executable, "-m", *args]
         log.info("starting %s: %s", name, " ".join(cmd))
@@ -349,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         stack.start()
-        urls = " ".join(w.url for w in stack.workers)
+        urls = " ".join(stack.worker_urls)
         if spec.pd is None:
             what = f"policy {spec.router.policy}, {spec.workers.count} emulated workers"
         else:
