@@ -1,0 +1,67 @@
+"""The openai client through a launched PD stack: emulated prefill and decode instances behind the
+router in --pd-disaggregation mode, chat completions streaming and not."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from openai import AsyncOpenAI
+
+from smetric_router.launch import ClusterSpec, PdSpec, RouterSpec, Stack, WorkerSpec, free_port
+from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP
+
+
+@pytest.fixture(scope="module")
+def pd_stack() -> Iterator[Stack]:
+    spec = ClusterSpec(
+        router=RouterSpec(port=free_port(), extra_args=ROUTER_ARGS),
+        workers=WorkerSpec(speedup=SPEEDUP),
+        pd=PdSpec(prefill=2, decode=1, decode_kv_timeout_secs=10.0),
+    )
+    stack = Stack(spec)
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+async def test_openai_client_chat_through_the_pd_stack(pd_stack: Stack) -> None:
+    stack = pd_stack
+    prefills = [w.url for w in stack.workers if w.role == "prefill"]
+    decodes = [w.url for w in stack.workers if w.role == "decode"]
+    model = stack.spec.workers.model_name
+    async with AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="none", max_retries=0) as client:
+        messages = [{"role": "user", "content": "Explain prefill-decode disaggregation."}]
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=12,
+        )
+        assert raw.headers["x-smetric-prefill-worker"] in prefills
+        assert raw.headers["x-smetric-worker"] in decodes
+        reply = raw.parse()
+        answer = reply.choices[0].message.content
+        assert answer and reply.choices[0].finish_reason == "stop"
+        assert reply.usage is not None and reply.usage.completion_tokens == 12  # decode's answer
+
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=12,
+            stream=True,
+        )
+        chunks = [c async for c in stream]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert len(chunks) > 3 and text == answer  # same prompt, same answer
+
+        # the follow-up carrying the answer is served too (the prefill side holds its history)
+        follow = [*messages, {"role": "assistant", "content": answer},
+                  {"role": "user", "content": "Shorter, please."}]  # fmt: skip
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=follow,  # type: ignore[arg-type]
+            max_tokens=6,
+        )
+        assert raw.parse().choices[0].message.content
