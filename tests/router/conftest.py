@@ -42,8 +42,8 @@ def codec() -> Any:
 async def make_worker() -> AsyncIterator[MakeWorker]:
     workers: list[FakeWorker] = []
 
-    async def make(name: str = "w", **kw: Any) -> FakeWorker:
-        w = await FakeWorker(name, **kw).start()
+    async def make(name: str = "w", cls: type[FakeWorker] = FakeWorker, **kw: Any) -> Any:
+        w = await cls(name, **kw).start()
         workers.append(w)
         return w
 
