@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import Counter
 from collections.abc import Sequence
 
+from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.loaders import FORMATS, TraceError, load_trace
 
 
@@ -45,6 +47,30 @@ def _cmd_load(args: argparse.Namespace) -> None:
     print(f"input tokens  mean {sum(r.input_len for r in reqs) / len(reqs):.0f}")
 
 
+def _cmd_generate(args: argparse.Namespace) -> None:
+    cfg = GenConfig(
+        sessions=args.sessions,
+        seed=args.seed,
+        duration_s=args.duration_s,
+        block_size=args.block_size,
+        instances=args.instances,
+        rpm_per_instance=args.rpm_per_instance,
+    )
+    t0 = time.perf_counter()
+    n = generate(cfg, args.out)
+    print(
+        f"wrote {n} requests ({cfg.sessions} root sessions) to {args.out} "
+        f"in {time.perf_counter() - t0:.1f} s"
+    )
+
+
+def _positive_int(v: str) -> int:
+    n = int(v)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m smetric_router.traces",
@@ -54,6 +80,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("load", help="parse a trace, infer sessions, print a summary")
     _add_format_args(p)
     p.set_defaults(run=_cmd_load)
+
+    p = sub.add_parser(
+        "generate",
+        help="write an agentic trace (Bailian schema + trigger)",
+        description="Write an agentic trace in the Bailian schema plus a `trigger` field, "
+        "calibrated to the paper's §3 findings (see smetric_router.traces.generate).",
+    )
+    p.add_argument("--sessions", type=_positive_int, required=True, help="root sessions")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same file)")
+    p.add_argument("--out", required=True, help="output JSONL file")
+    p.add_argument(
+        "--duration-s",
+        type=float,
+        default=None,
+        help="window over which sessions start (Poisson); default: requests / target rate",
+    )
+    p.add_argument("--block-size", type=_positive_int, default=16, help="tokens per hash id")
+    p.add_argument(
+        "--instances", type=_positive_int, default=32, help="cluster size for the default rate"
+    )
+    p.add_argument(
+        "--rpm-per-instance",
+        type=float,
+        default=43.0,
+        help="target requests per minute per instance for the default duration (paper: 43)",
+    )
+    p.set_defaults(run=_cmd_generate)
     return parser
 
 
