@@ -108,3 +108,67 @@ async def test_process_refuses_workers_that_disagree_on_page_size(
     _, err = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 1
     assert b"disagree on the KV page size" in err
+
+
+def test_pd_flags_map_to_config() -> None:
+    c = config_from_args(
+        [
+            "--pd-disaggregation",
+            "--prefill", "http://p1:30000", "8998",
+            "--prefill", "http://p2:30000", "none",
+            "--prefill", "http://[fd00::3]:30000",
+            "--decode", "http://d1:30000", "--decode", "http://d2:30000",
+            "--prefill-policy", "load_balance", "--prefill-overload-slack", "1000",
+            "--pd-handover-timeout-secs", "30",
+        ]
+    )  # fmt: skip
+    assert c.prefill == (
+        ("http://p1:30000", 8998),
+        ("http://p2:30000", None),
+        ("http://[fd00::3]:30000", None),
+    )
+    assert c.decode_urls == ("http://d1:30000", "http://d2:30000")
+    assert (c.prefill_policy_name, c.decode_policy) == ("load_balance", "least_tokens")
+    assert c.prefill_params().overload_slack == 1000 and c.pd_handover_timeout_secs == 30
+    # Without --prefill-policy the prefill side follows --policy; smetric by default.
+    d = config_from_args(
+        ["--pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://d:1"]
+    )
+    assert (d.prefill_policy_name, d.decode_policy) == ("smetric", "least_tokens")
+    assert d.prefill_params().overload_slack == 4096  # tokens, not requests
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prefill", "http://p:1", "--decode", "http://d:1"], "need --pd-disaggregation"),
+        (["--decode-policy", "round_robin"], "--decode-policy needs --pd-disaggregation"),
+        (["--pd-disaggregation", "--decode", "http://d:1"], "at least one --prefill"),
+        (["--pd-disaggregation", "--prefill", "http://p:1"], "one --decode"),
+        (
+            ["--pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://d:1",
+             "--worker-urls", "http://w:1"],
+            "cannot be mixed",
+        ),
+        (
+            ["--pd-disaggregation", "--prefill", "http://p:1", "port", "--decode", "http://d:1"],
+            "must be a number or 'none'",
+        ),
+        (
+            ["--pd-disaggregation", "--prefill", "http://p:1", "70000", "--decode", "http://d:1"],
+            "1..65535",
+        ),
+        (
+            ["--pd-disaggregation", "--prefill", "http://p:1", "1", "2", "--decode", "http://d:1"],
+            "URL [BOOTSTRAP_PORT|none]",
+        ),
+        (["--pd-disaggregation", "--prefill", "p:1", "--decode", "http://d:1"], "http://host"),
+    ],
+)  # fmt: skip
+def test_bad_pd_flags_say_what_is_wrong(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        config_from_args(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
