@@ -151,6 +151,11 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
+    @property
+    def prefill_tokens_computed(self) -> int:
+        """Prompt tokens computed so far (not served from any cache tier)."""
+        return self._uncached_total
+
     # ---- one step -----------------------------------------------------------------------------
 
     def step(self) -> StepResult:

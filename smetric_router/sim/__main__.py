@@ -1,0 +1,171 @@
+"""python -m smetric_router.sim: replay a trace through policies on a simulated cluster.
+
+Example (the Mooncake conversation trace, four policies, a rate sweep):
+
+    python -m smetric_router.sim --trace ../shared/traces/mooncake-conversation.jsonl \\
+        --policies smetric,bailian,lmetric,load_balance --rate-scale 1,1.5,2 --json out.json
+
+Every (global ratio, policy, rate scale) combination is one independent run with the same seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from smetric_router.policies.base import PolicyParams, make_policy, policy_names
+from smetric_router.sim.cluster import Cluster
+from smetric_router.sim.config import SimConfig, Slo
+from smetric_router.sim.metrics import summarize
+from smetric_router.sim.report import document, plots, table
+from smetric_router.traces.loaders import TraceError, load_trace
+from smetric_router.traces.schema import TraceRequest
+
+_PROGRESS_MIN_REQUESTS = 20_000  # runs shorter than this finish in seconds: no bar
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
+def parser() -> argparse.ArgumentParser:
+    d, slo = PolicyParams(), Slo()
+    p = argparse.ArgumentParser(
+        prog="python -m smetric_router.sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--trace", required=True, help="trace file (JSON lines)")
+    p.add_argument("--format", choices=("auto", "bailian", "mooncake"), default="auto")
+    p.add_argument("--block-size", type=int, default=16, help="Bailian hash_ids block size")
+    p.add_argument("--limit", type=int, default=0, help="replay only the first N requests")
+    p.add_argument("--instances", type=int, default=32)
+    p.add_argument(
+        "--policies",
+        default="smetric,bailian,lmetric,load_balance",
+        help=f"comma-separated, of: {', '.join(policy_names())}",
+    )
+    p.add_argument(
+        "--rate-scale",
+        type=_floats,
+        default=[1.0],
+        help="arrival times are divided by this; a comma list sweeps",
+    )
+    p.add_argument(
+        "--global-ratio",
+        type=_floats,
+        default=[math.inf],
+        help="global-tier capacity / local capacity (inf = fully provisioned, "
+        "0 = none); a comma list sweeps",
+    )
+    p.add_argument("--profile", default="h20-qwen3-coder-30b-a3b")
+    p.add_argument("--gpu-kv-tokens", type=int, default=None, help="default: the profile's")
+    p.add_argument("--host-kv-tokens", type=int, default=None, help="default: the profile's")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overload", type=float, default=d.overload)
+    p.add_argument("--overload-slack", type=float, default=d.overload_slack)
+    p.add_argument("--hit-ratio", type=float, default=d.hit_ratio)
+    p.add_argument("--slo-ttft-base-s", type=float, default=slo.ttft_base_s)
+    p.add_argument("--slo-ttft-per-token-ms", type=float, default=slo.ttft_per_token_ms)
+    p.add_argument("--slo-tpot-ms", type=float, default=slo.tpot_ms)
+    p.add_argument("--window-s", type=float, default=30.0, help="imbalance window")
+    p.add_argument("--json", type=Path, default=None, help="write the results document here")
+    p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this folder")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _progress(total: int, enabled: bool) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
+    if not enabled or total < _PROGRESS_MIN_REQUESTS:
+        return None, lambda: None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm comes with the [bench] extra
+        return None, lambda: None
+    bar = tqdm(total=total, unit="req", file=sys.stderr, mininterval=1.0)
+    return bar.update, bar.close
+
+
+def run(
+    trace: Sequence[TraceRequest],
+    policies: Sequence[str],
+    rate_scales: Sequence[float],
+    global_ratios: Sequence[float],
+    cfg: SimConfig,
+    progress: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    rows = []
+    for ratio in global_ratios:
+        for name in policies:
+            for scale in rate_scales:
+                policy = make_policy(name, cfg.params)
+                result = Cluster(cfg, policy, ratio).run(trace, scale, progress)
+                rows.append(summarize(result, cfg.slo, name, scale, ratio))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    try:
+        params = PolicyParams(
+            overload=args.overload, overload_slack=args.overload_slack, hit_ratio=args.hit_ratio
+        )
+        for name in policies:
+            make_policy(name, params)
+        cfg = SimConfig(
+            instances=args.instances,
+            profile=args.profile,
+            gpu_kv_tokens=args.gpu_kv_tokens,
+            host_kv_tokens=args.host_kv_tokens,
+            params=params,
+            slo=Slo(args.slo_ttft_base_s, args.slo_ttft_per_token_ms, args.slo_tpot_ms),
+            window_s=args.window_s,
+            seed=args.seed,
+        )
+        for r in args.rate_scale:
+            if r <= 0:
+                raise ValueError(f"--rate-scale values must be > 0, got {r:g}")
+        for g in args.global_ratio:
+            replace(cfg, global_ratio=g)  # validates
+        trace = load_trace(args.trace, args.format, args.block_size)
+    except (TraceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.limit > 0:
+        trace = trace[: args.limit]
+    if not trace:
+        print("error: the trace has no requests", file=sys.stderr)
+        return 2
+    runs = len(policies) * len(args.rate_scale) * len(args.global_ratio)
+    update, close = _progress(runs * len(trace), not args.no_progress)
+    try:
+        rows = run(trace, policies, args.rate_scale, args.global_ratio, cfg, update)
+    finally:
+        close()
+    print(table(rows))
+    if args.json is not None:
+        args.json.write_bytes(orjson.dumps(document(rows), option=orjson.OPT_INDENT_2))
+    if args.plots is not None:
+        for path in plots(rows, args.plots):
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

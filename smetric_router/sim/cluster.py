@@ -1,0 +1,359 @@
+"""The discrete-event cluster: Engines on a virtual clock, the router's policy objects in the loop.
+
+Time advances from event to event. An instance's event is the end of the step it is running; the
+step's effect on the engine (admissions, cache inserts) is applied when it starts, and what the
+router can observe of it (first tokens, finishes, the in-flight count) when it ends. A request
+routed to an instance mid-step waits for the next step, as in SGLang.
+
+Pure-decode runs are not stepped one by one: when an instance's next steps are all pure decode
+(Engine.decode_only_steps), the run up to the step before the next finish is planned as one event.
+Those steps change neither the radix cache nor the in-flight counts, so the router's view is the
+same whether they were applied or not; if a request arrives at the instance during the run, the
+run is cut at the first step boundary after the arrival (Engine.step_many(until_seconds)).
+
+Per decision the router sees (same fields as the real router fills):
+- hit / gpu_hit: the local-tier (GPU + host) and GPU-only prefix hit in that engine's radix cache;
+- load: requests in flight at the instance (routed and not finished), the router's own count;
+- turn: the trace's turn; est_hit: the leading blocks shared with the session's previous request,
+  in tokens (for a conversation that re-sends its history, the previous turn's input length);
+- text (cache_aware only): the block ids as characters, two per block, fed to the same TextTree
+  the router keeps; its per-worker bound is sglang-router's 2^26 chars at ~4 chars per token;
+- tick: one per decision; entropy: from a random.Random(seed).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from smetric_router.cluster.text_tree import TextTree
+from smetric_router.core.types import ClusterView, RequestFeatures, WorkerView
+from smetric_router.engine.api import EngineConfig, EngineRequest, StepResult
+from smetric_router.engine.engine import Engine
+from smetric_router.engine.global_tier import GlobalTier
+from smetric_router.engine.timing import TimingModel
+from smetric_router.policies.base import Policy
+from smetric_router.sim.config import SimConfig
+from smetric_router.sim.pages import PageMapper
+from smetric_router.traces.schema import TraceRequest
+
+_CHARS_PER_TOKEN = 4  # sglang-router's tree holds text; its size bound is in chars
+_TREE_CHARS = 2**26
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request's fate (times in virtual seconds; -1 = never happened)."""
+
+    arrival: float
+    input_len: int
+    output_len: int
+    turn: int
+    instance: int
+    first_instance: int  # the instance its session's first request went to (-1: not in trace)
+    cached_local: int = 0  # prompt tokens from the GPU or host tier
+    cached_global: int = 0  # prompt tokens fetched from the global tier
+    first_token: float = -1.0
+    finish: float = -1.0
+
+
+@dataclass(slots=True)
+class RunResult:
+    records: list[RequestRecord]
+    window_tokens: list[list[float]]  # [window][instance] tokens computed (prefill + decode)
+    window_s: float
+
+
+class _Link:
+    """A server NIC shared by its instances' global-tier fetches, first come first served."""
+
+    __slots__ = ("bytes_per_s", "free_at")
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.bytes_per_s = bytes_per_s
+        self.free_at = 0.0
+
+
+class _Instance:
+    __slots__ = (
+        "busy",
+        "clock",
+        "engine",
+        "idx",
+        "plan_k",
+        "plan_start",
+        "result",
+        "version",
+    )
+
+    def __init__(self, idx: int, engine: Engine) -> None:
+        self.idx = idx
+        self.engine = engine
+        self.clock = 0.0  # start of the step (or run) in flight, or of the next one
+        self.busy = False  # an event is scheduled for it
+        self.result: StepResult | None = None  # the single step in flight, delivered at its end
+        self.plan_k = 0  # the pure-decode run in flight (steps), started at plan_start
+        self.plan_start = 0.0
+        self.version = 0
+
+
+def _block_text(block_ids: Sequence[int]) -> str:
+    return "".join(chr(0x4000 + (b >> 14 & 0x3FFF)) + chr(0x4000 + (b & 0x3FFF)) for b in block_ids)
+
+
+class Cluster:
+    def __init__(
+        self,
+        cfg: SimConfig,
+        policy: Policy,
+        global_ratio: float,
+        timing: TimingModel | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.timing = timing or TimingModel.load(cfg.profile)
+        gpu = cfg.gpu_kv_tokens if cfg.gpu_kv_tokens is not None else self.timing.gpu_kv_tokens
+        host = cfg.host_kv_tokens if cfg.host_kv_tokens is not None else self.timing.host_kv_tokens
+        ecfg = EngineConfig(
+            page_size=cfg.page_size,
+            gpu_kv_tokens=gpu,
+            host_kv_tokens=host,
+            chunked_prefill_size=cfg.chunked_prefill_size,
+            max_running_requests=cfg.max_running_requests,
+            profile=cfg.profile,
+        )
+        capacity = global_ratio * cfg.instances * (gpu + host)
+        self.global_tier = (
+            GlobalTier(capacity if not math.isnan(capacity) else math.inf, cfg.page_size)
+            if global_ratio > 0
+            else None
+        )
+        links = [
+            _Link(cfg.server_link_bytes_per_s)
+            for _ in range(-(-cfg.instances // cfg.gpus_per_server))
+        ]
+        self.instances: list[_Instance] = []
+        for i in range(cfg.instances):
+            eng = Engine(ecfg, self.global_tier, self.timing)
+            inst = _Instance(i, eng)
+            eng.storage_fetch_seconds = self._fetcher(inst, links[i // cfg.gpus_per_server])
+            self.instances.append(inst)
+        self.urls = [f"sim-{i}" for i in range(cfg.instances)]
+        self._url_index = {u: i for i, u in enumerate(self.urls)}
+        self.text_tree: TextTree | None = None
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._seq = 0
+        self._load = [0] * cfg.instances
+        self._records: list[RequestRecord] = []
+        self._windows: list[list[float]] = []
+
+    def _fetcher(self, inst: _Instance, link: _Link) -> Callable[[int], float]:
+        kv_bytes = self.timing.kv_bytes_per_token
+        pcie = self.timing.host_load_seconds
+
+        def fetch(tokens: int) -> float:
+            nbytes = tokens * kv_bytes
+            start = max(inst.clock, link.free_at)
+            link.free_at = start + nbytes / link.bytes_per_s
+            return link.free_at - inst.clock + pcie(tokens)
+
+        return fetch
+
+    # ---- events -------------------------------------------------------------------------------
+
+    def _schedule(self, inst: _Instance, t: float) -> None:
+        inst.version += 1
+        inst.busy = True
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, inst.idx, inst.version))
+
+    def _run_events(self, until: float) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= until:
+            t, _, idx, version = heapq.heappop(heap)
+            inst = self.instances[idx]
+            if version != inst.version:
+                continue
+            if inst.result is not None:
+                self._deliver(inst, inst.result, t)
+                inst.result = None
+            if inst.plan_k:
+                self._apply_run(inst, inst.plan_k, math.inf)
+            self._start_step(inst, t)
+
+    def _start_step(self, inst: _Instance, t: float) -> None:
+        inst.clock = t
+        eng = inst.engine
+        if not eng.has_work():
+            inst.busy = False
+            return
+        k = eng.decode_only_steps()
+        if k >= 2:
+            inst.plan_k, inst.plan_start = k, t
+            self._schedule(inst, t + eng.decode_run_seconds(k))
+            return
+        before = eng.prefill_tokens_computed
+        res = eng.step()
+        for rid, cached in res.scheduled:
+            rec = self._records[int(rid)]
+            rec.cached_global = cached.storage
+            rec.cached_local = cached.device + cached.host
+        tokens = eng.prefill_tokens_computed - before + len(res.emitted)
+        self._account(inst.idx, t, t + res.duration, tokens)
+        inst.result = res
+        self._schedule(inst, t + res.duration)
+
+    def _apply_run(self, inst: _Instance, k: int, until_seconds: float) -> None:
+        """Apply (part of) the planned pure-decode run; the instance's clock moves to its end."""
+        res = inst.engine.step_many(k, until_seconds)
+        end = inst.plan_start + res.duration
+        self._account(inst.idx, inst.plan_start, end, sum(n for _, n in res.emitted))
+        inst.plan_k = 0
+        inst.clock = end
+
+    def _deliver(self, inst: _Instance, res: StepResult, t: float) -> None:
+        records = self._records
+        for rid, _ in res.emitted:
+            rec = records[int(rid)]
+            if rec.first_token < 0:
+                rec.first_token = t
+        for rid in res.finished:
+            records[int(rid)].finish = t
+            self._load[inst.idx] -= 1
+
+    def _account(self, idx: int, start: float, end: float, tokens: float) -> None:
+        """Spread tokens computed over [start, end) across the measurement windows."""
+        w = self.cfg.window_s
+        windows = self._windows
+        if tokens <= 0:
+            return
+        if end <= start:
+            end = start + 1e-12
+        first, last = int(start // w), int(end // w)
+        while len(windows) <= last:
+            windows.append([0.0] * self.cfg.instances)
+        if first == last:
+            windows[first][idx] += tokens
+            return
+        rate = tokens / (end - start)
+        for k in range(first, last + 1):
+            lo, hi = max(start, k * w), min(end, (k + 1) * w)
+            windows[k][idx] += rate * (hi - lo)
+
+    # ---- arrivals -----------------------------------------------------------------------------
+
+    def run(
+        self,
+        trace: Sequence[TraceRequest],
+        rate_scale: float = 1.0,
+        progress: Callable[[int], None] | None = None,
+    ) -> RunResult:
+        if rate_scale <= 0:
+            raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
+        cfg = self.cfg
+        mapper = PageMapper(cfg.page_size)
+        rng = random.Random(cfg.seed)
+        ps = cfg.page_size
+        session_first: dict[str, int] = {}
+        session_blocks: dict[str, tuple[int, ...]] = {}
+        order = sorted(range(len(trace)), key=lambda i: (trace[i].arrival_s, i))
+        if self.policy.uses_text_tree and trace:
+            blocks = _TREE_CHARS // _CHARS_PER_TOKEN // trace[0].block_size
+            self.text_tree = TextTree(max_size=2 * max(blocks, 1))  # two chars per block
+        t0 = trace[order[0]].arrival_s if order else 0.0
+        for n, i in enumerate(order):
+            req = trace[i]
+            t = (req.arrival_s - t0) / rate_scale
+            self._run_events(t)
+            hashes = mapper.pages(req, n)
+            prev = session_blocks.get(req.session)
+            shared = 0
+            if prev is not None:
+                for a, b in zip(prev, req.block_ids, strict=False):
+                    if a != b:
+                        break
+                    shared += 1
+            session_blocks[req.session] = req.block_ids
+            prompt_pages = hashes[: req.input_len // ps]
+            features = RequestFeatures(
+                prompt_len=req.input_len,
+                page_hashes=prompt_pages,
+                page_size=ps,
+                turn=req.turn,
+                est_hit=min(shared * req.block_size, req.input_len),
+                text=_block_text(req.block_ids) if self.text_tree is not None else "",
+            )
+            idx = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
+            if req.turn == 0:
+                session_first[req.session] = idx
+            first = session_first.get(req.session, -1)
+            self._records.append(
+                RequestRecord(t, req.input_len, req.output_len, req.turn, idx, first)
+            )
+            self._load[idx] += 1
+            self._dispatch(
+                self.instances[idx],
+                EngineRequest(str(n), [], [], hashes, req.input_len, max(req.output_len, 1)),
+                t,
+            )
+            if progress is not None:
+                progress(1)
+        self._run_events(math.inf)
+        return RunResult(self._records, self._windows, cfg.window_s)
+
+    def _decide(
+        self, features: RequestFeatures, cacheable: list[int], tick: int, rng: random.Random
+    ) -> int:
+        ps = self.cfg.page_size
+        text_match: dict[str, int] = {}
+        tree = self.text_tree
+        if tree is not None:
+            text_match = tree.match(features.text)
+        workers = []
+        for i, inst in enumerate(self.instances):
+            gpu, host = inst.engine.cache.match(cacheable)
+            url = self.urls[i]
+            workers.append(
+                WorkerView(
+                    url=url,
+                    load=self._load[i],
+                    hit=(len(gpu) + len(host)) * ps,
+                    gpu_hit=len(gpu) * ps,
+                    text_match=text_match.get(url, 0),
+                    text_tree_size=tree.size(url) if tree is not None else 0,
+                )
+            )
+        global_hit = self.global_tier.peek(cacheable) * ps if self.global_tier is not None else 0
+        view = ClusterView(tuple(workers), tick, rng.getrandbits(64), global_hit)
+        url = self.policy.decide(features, view).worker
+        if tree is not None:
+            tree.insert(features.text, url)
+        return self._url_index[url]
+
+    def _dispatch(self, inst: _Instance, req: EngineRequest, t: float) -> None:
+        if inst.plan_k:
+            # cut the pure-decode run at the first step boundary at or after t
+            self._apply_run(inst, inst.plan_k, t - inst.plan_start)
+            inst.engine.add_request(req)
+            self._schedule(inst, inst.clock)
+        elif inst.busy:
+            inst.engine.add_request(req)  # joins at the next step
+        else:
+            inst.engine.add_request(req)
+            self._schedule(inst, t)
+
+
+def simulate(
+    trace: Sequence[TraceRequest],
+    policy: Policy,
+    cfg: SimConfig,
+    rate_scale: float = 1.0,
+    global_ratio: float | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> RunResult:
+    """Replay the trace (arrival times divided by rate_scale) through one policy."""
+    ratio = cfg.global_ratio if global_ratio is None else global_ratio
+    return Cluster(cfg, policy, ratio).run(trace, rate_scale, progress)

@@ -1,0 +1,85 @@
+"""One result row of the simulator's JSON from a run (the issue's schema and definitions).
+
+- tps: (input + output tokens) of finished requests / the span from the first arrival to the last
+  finish (PD colocation counts prefill and decode tokens); tps_within_slo: the same numerator
+  restricted to requests meeting both SLOs.
+- ttft_*: seconds; tpot_*: milliseconds, (finish - first token) / (output tokens - 1), over
+  requests with at least two output tokens. Requests the engine dropped (could never fit) have
+  neither and never meet the SLO.
+- reuse / local_hit / global_hit ratios: cached prompt tokens (any tier / GPU + host / global)
+  over all prompt tokens.
+- imbalance_mean: over windows of SimConfig.window_s with any load, max / mean of the tokens each
+  instance computed (prefill computed + decode).
+- followup_stickiness: follow-ups (turn > 0) served by the instance their session's first request
+  went to, over follow-ups whose session's first request is in the trace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from smetric_router.sim.cluster import RunResult
+from smetric_router.sim.config import Slo
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(
+    run: RunResult, slo: Slo, policy: str, rate_scale: float, global_ratio: float
+) -> dict[str, Any]:
+    recs = run.records
+    ttft: list[float] = []
+    tpot: list[float] = []
+    tokens = good = 0
+    prompt = local = glob = 0
+    followups = sticky = 0
+    end = 0.0
+    for r in recs:
+        prompt += r.input_len
+        local += r.cached_local
+        glob += r.cached_global
+        if r.turn > 0 and r.first_instance >= 0:
+            followups += 1
+            sticky += r.instance == r.first_instance
+        if r.first_token < 0:
+            continue
+        end = max(end, r.finish)
+        n = r.input_len + r.output_len
+        tokens += n
+        t_first = r.first_token - r.arrival
+        ttft.append(t_first)
+        ok = t_first <= slo.ttft_limit(r.input_len)
+        if r.output_len > 1:
+            per = (r.finish - r.first_token) / (r.output_len - 1) * 1e3
+            tpot.append(per)
+            ok = ok and per <= slo.tpot_ms
+        good += n if ok else 0
+    start = min((r.arrival for r in recs), default=0.0)
+    span = end - start
+    ratios = []
+    for w in run.window_tokens:
+        mean = sum(w) / len(w)
+        if mean > 0:
+            ratios.append(max(w) / mean)
+    return {
+        "policy": policy,
+        "rate_scale": rate_scale,
+        "global_ratio": global_ratio,
+        "tps": tokens / span if span > 0 else 0.0,
+        "tps_within_slo": good / span if span > 0 else 0.0,
+        "ttft_p50": _pct(ttft, 50),
+        "ttft_p90": _pct(ttft, 90),
+        "ttft_p99": _pct(ttft, 99),
+        "tpot_p50": _pct(tpot, 50),
+        "tpot_p90": _pct(tpot, 90),
+        "tpot_p99": _pct(tpot, 99),
+        "reuse_ratio": (local + glob) / prompt if prompt else 0.0,
+        "local_hit_ratio": local / prompt if prompt else 0.0,
+        "global_hit_ratio": glob / prompt if prompt else 0.0,
+        "imbalance_mean": float(np.mean(ratios)) if ratios else float("nan"),
+        "followup_stickiness": sticky / followups if followups else float("nan"),
+    }

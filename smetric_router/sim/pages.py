@@ -1,0 +1,45 @@
+"""Trace block ids -> engine page hashes, so the simulator never hashes tokens.
+
+A trace block of `block_size` tokens is `block_size / page_size` engine pages. Block ids are
+prefix-chained content ids, so a block is identified by the chain of ids up to it; page j of a
+block gets the hash of (that chain, j). Equal id chains therefore give equal pages, as equal
+token prefixes give equal SGLang page hashes. Python's hash of int tuples is deterministic
+(PYTHONHASHSEED only salts str/bytes), and 64-bit collisions are ignored as SGLang's are.
+
+Outputs: a request's output pages (and the page straddling prompt end and output start) get
+hashes unique to the request. They occupy cache like real outputs, but a later turn reuses them
+only through its own block ids: the trace says what the next prompt contains, and the simulator
+does not guess that it contains the previous output.
+"""
+
+from __future__ import annotations
+
+from smetric_router.traces.schema import TraceRequest
+
+_OUTPUT_TAG = -0x5EED  # keeps output page keys apart from block chain keys
+
+
+class PageMapper:
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+
+    def pages(self, req: TraceRequest, serial: int) -> list[int]:
+        """Hashes of every full page of prompt + output (EngineRequest.page_hashes)."""
+        ps = self.page_size
+        bs = req.block_size
+        if bs % ps:
+            raise ValueError(f"block size {bs} is not a multiple of the page size {ps}")
+        per_block = bs // ps
+        n_prompt = req.input_len // ps
+        n_total = (req.input_len + max(req.output_len, 1)) // ps
+        out: list[int] = []
+        chain = 0
+        for block in req.block_ids:
+            if len(out) >= n_prompt:
+                break
+            chain = hash((chain, block))
+            out.extend(hash((chain, j)) for j in range(per_block))
+        del out[n_prompt:]
+        # a prompt longer than its block ids cover gets request-private pages for the rest
+        out.extend(hash((_OUTPUT_TAG, serial, j)) for j in range(len(out), n_total))
+        return out
