@@ -14,9 +14,13 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
 
 from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.loaders import FORMATS, TraceError, load_trace
+from smetric_router.traces.stats import compute_stats, format_table
 
 
 def _add_format_args(p: argparse.ArgumentParser) -> None:
@@ -64,6 +68,13 @@ def _cmd_generate(args: argparse.Namespace) -> None:
     )
 
 
+def _cmd_stats(args: argparse.Namespace) -> None:
+    st = compute_stats(load_trace(args.trace, args.format, args.block_size), args.instances)
+    print(format_table(st))
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps(st.to_dict(), option=orjson.OPT_INDENT_2))
+
+
 def _positive_int(v: str) -> int:
     n = int(v)
     if n < 1:
@@ -107,6 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="target requests per minute per instance for the default duration (paper: 43)",
     )
     p.set_defaults(run=_cmd_generate)
+
+    p = sub.add_parser(
+        "stats",
+        help="the paper's workload characterization of a trace",
+        description="Reuse ratio (infinite prefix store) split intra-session / system prompt / "
+        "other inter-session, reuse-interval CDF points, trigger mix, requests per minute per "
+        "instance, token share of the top 3 %% of sessions (see smetric_router.traces.stats).",
+    )
+    _add_format_args(p)
+    p.add_argument(
+        "--instances", type=_positive_int, default=32, help="cluster size for requests/min/instance"
+    )
+    p.add_argument("--json", metavar="OUT", help="also write the numbers as JSON")
+    p.set_defaults(run=_cmd_stats)
     return parser
 
 
