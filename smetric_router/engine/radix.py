@@ -130,12 +130,16 @@ class RadixCache:
         host_run: list[int] = []
         host_removed: list[int] = []
         added = 0
+        host_cap = self.host_capacity
+        no_tokens: list[int] = []  # token-free sequences share one empty list (never mutated)
         node: PageNode | None = parent
         for i in range(start, end):
             h = hashes[i]
             node = nodes.get(h)
             if node is None:
-                node = PageNode(h, parent, list(tokens[i * ps : (i + 1) * ps]))
+                node = PageNode(
+                    h, parent, list(tokens[i * ps : (i + 1) * ps]) if tokens else no_tokens
+                )
                 nodes[h] = node
                 if parent is not None:
                     parent.children += 1
@@ -143,7 +147,6 @@ class RadixCache:
             if not node.on_gpu:
                 node.on_gpu = True
                 added += 1
-                self.gpu_used += 1
                 if parent is not None:
                     parent.gpu_children += 1
                 if not gpu_run:
@@ -151,7 +154,11 @@ class RadixCache:
                 gpu_run.append(h)
             elif gpu_run:
                 gpu_run = []
-            if self.host_capacity > 0 and not node.on_host and self._host_room(host_removed):
+            if (
+                host_cap > 0
+                and not node.on_host
+                and (self.host_used < host_cap or self._host_room(host_removed))
+            ):
                 node.on_host = True
                 self.host_used += 1
                 if not host_run:
@@ -160,6 +167,7 @@ class RadixCache:
             elif host_run:
                 host_run = []
             parent = node
+        self.gpu_used += added
         if added and node is not None:
             # only the last page can be a GPU leaf; the others just got a GPU child
             self._push(self._gpu_heap, node)
@@ -175,8 +183,9 @@ class RadixCache:
     ) -> BlockStored:
         first, run_hashes = run
         toks: list[int] = []
-        for h in run_hashes:
-            toks.extend(self.nodes[h].tokens)
+        if self.nodes[run_hashes[0]].tokens:  # token-free sequences have none to report
+            for h in run_hashes:
+                toks.extend(self.nodes[h].tokens)
         return BlockStored(
             block_hashes=list(run_hashes),
             parent_block_hash=hashes[first - 1] if first > 0 else None,

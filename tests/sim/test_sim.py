@@ -1,0 +1,153 @@
+"""The simulator on tiny traces: placement, global tier, SLO accounting, determinism, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from smetric_router.policies import make_policy
+from smetric_router.sim.__main__ import main, run
+from smetric_router.sim.cluster import Cluster, RequestRecord, RunResult
+from smetric_router.sim.config import SimConfig, Slo
+from smetric_router.sim.metrics import summarize
+from smetric_router.traces.schema import TraceRequest
+
+BS = 16
+SMALL = SimConfig(instances=4, gpu_kv_tokens=1 << 16, host_kv_tokens=0)
+
+
+def _sessions(n_sessions: int, turns: int, gap_s: float = 5.0) -> list[TraceRequest]:
+    """Sessions sharing a 4-block system prompt; each turn re-sends the history plus 20 blocks."""
+    out = []
+    for s in range(n_sessions):
+        blocks: tuple[int, ...] = (0, 1, 2, 3)
+        for k in range(turns):
+            blocks = blocks + tuple(1000 * (s + 1) + 20 * k + j for j in range(20))
+            out.append(
+                TraceRequest(
+                    req_id=f"s{s}t{k}",
+                    arrival_s=s * 0.25 + k * gap_s,
+                    session=f"s{s}",
+                    parent=f"s{s}t{k - 1}" if k else None,
+                    turn=k,
+                    input_len=len(blocks) * BS - 3,
+                    output_len=40,
+                    block_ids=blocks,
+                    block_size=BS,
+                )
+            )
+    return out
+
+
+def _placement(policy: str, trace: list[TraceRequest]) -> dict[str, list[int]]:
+    res = Cluster(SMALL, make_policy(policy), math.inf).run(trace)
+    by_session: dict[str, list[int]] = {}
+    order = sorted(range(len(trace)), key=lambda i: (trace[i].arrival_s, i))
+    for rec, i in zip(res.records, order, strict=True):
+        by_session.setdefault(trace[i].session, []).append(rec.instance)
+    return by_session
+
+
+def test_smetric_spreads_first_turns_and_sticks_follow_ups() -> None:
+    placed = _placement("smetric", _sessions(4, 3))
+    assert sorted(p[0] for p in placed.values()) == [0, 1, 2, 3]
+    assert all(len(set(p)) == 1 for p in placed.values())
+
+
+def test_load_balance_moves_follow_ups_and_stickiness_shows_it() -> None:
+    trace = _sessions(4, 3)
+    placed = _placement("load_balance", trace)
+    assert any(len(set(p)) > 1 for p in placed.values())
+    rows = run(trace, ["smetric", "load_balance"], [1.0], [math.inf], SMALL)
+    sticky = {r["policy"]: r["followup_stickiness"] for r in rows}
+    assert sticky["smetric"] == 1.0
+    assert sticky["load_balance"] < 1.0
+
+
+def test_global_tier_serves_follow_ups_that_moved() -> None:
+    # round robin over 3 instances moves every follow-up of these 4 sessions
+    cfg = SimConfig(instances=3, gpu_kv_tokens=1 << 16, host_kv_tokens=0)
+    trace = _sessions(4, 3)
+    rows = run(trace, ["round_robin"], [1.0], [0.0, math.inf], cfg)
+    none, full = rows
+    assert none["global_hit_ratio"] == 0.0
+    assert full["global_hit_ratio"] > 0.3
+    assert full["reuse_ratio"] > none["reuse_ratio"]
+
+
+def test_slo_accounting_by_hand() -> None:
+    slo = Slo(ttft_base_s=1.0, ttft_per_token_ms=1.0, tpot_ms=30.0)
+    recs = [
+        # TTFT 1.5 s <= 1 + 1000 * 1 ms = 2 s; TPOT (3.5 - 1.5) / 100 = 20 ms: meets both
+        RequestRecord(0.0, 1000, 101, 0, 0, 0, 0, 0, first_token=1.5, finish=3.5),
+        # TTFT 2.5 s > 2 s: misses
+        RequestRecord(0.0, 1000, 101, 0, 1, 1, 0, 0, first_token=2.5, finish=4.0),
+        # TTFT fine, TPOT (5 - 1) / 100 = 40 ms > 30 ms: misses
+        RequestRecord(1.0, 1000, 101, 1, 0, 0, 500, 200, first_token=2.0, finish=6.0),
+        # dropped by the engine: no tokens, never within SLO
+        RequestRecord(1.0, 10**6, 5, 0, 1, 1),
+    ]
+    row = summarize(RunResult(recs, [[10.0, 30.0]], 30.0), slo, "x", 1.0, 0.0)
+    span = 6.0  # first arrival 0 to last finish 6
+    assert row["tps"] == pytest.approx(3 * 1101 / span)
+    assert row["tps_within_slo"] == pytest.approx(1101 / span)
+    assert row["ttft_p50"] == pytest.approx(1.5)
+    assert row["local_hit_ratio"] == pytest.approx(500 / (3000 + 10**6))
+    assert row["global_hit_ratio"] == pytest.approx(200 / (3000 + 10**6))
+    assert row["imbalance_mean"] == pytest.approx(1.5)
+    assert row["followup_stickiness"] == 1.0
+
+
+def _write(path: Path, trace: list[TraceRequest]) -> None:
+    with path.open("w") as f:
+        for r in trace:
+            f.write(
+                json.dumps(
+                    {
+                        "chat_id": r.req_id,
+                        "parent_chat_id": r.parent or -1,
+                        "timestamp": r.arrival_s,
+                        "input_length": r.input_len,
+                        "output_length": r.output_len,
+                        "type": "text",
+                        "turn": r.turn + 1,
+                        "hash_ids": list(r.block_ids),
+                    }
+                )
+                + "\n"
+            )
+
+
+def test_cli_same_seed_same_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    _write(trace, _sessions(5, 3, gap_s=2.0))
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"o{k}.json"
+        args = ["--trace", str(trace), "--instances", "3", "--policies", "random,smetric"]
+        assert main([*args, "--rate-scale", "1,4", "--seed", "7", "--json", str(out)]) == 0
+        outs.append(out.read_text())
+    assert outs[0] == outs[1]
+    doc = json.loads(outs[0])
+    assert len(doc["results"]) == 4 and set(doc["max_tps_within_slo"]) == {"random", "smetric"}
+    assert doc["results"][0]["global_ratio"] == "inf"
+    assert "max TPS within SLO" in capsys.readouterr().out
+
+
+def test_cli_malformed_trace_names_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    _write(trace, _sessions(1, 2))
+    with trace.open("a") as f:
+        f.write('{"chat_id": 9, "timestamp": "soon"}\n')
+    assert main(["--trace", str(trace), "--format", "bailian"]) == 2
+    assert f"{trace}:3" in capsys.readouterr().err
+
+
+def test_cli_rejects_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--trace", "x", "--policies", "nope"]) == 2
+    assert "unknown policy" in capsys.readouterr().err
