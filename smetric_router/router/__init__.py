@@ -5,14 +5,14 @@
 
 Endpoints: POST /v1/chat/completions, /v1/completions, /generate (proxied; every reply carries
 x-smetric-worker and x-smetric-reason); GET /v1/models (union of the workers' models); GET /health
-(router alive), /readiness (200 when at least one worker is healthy); GET /metrics; GET/POST/DELETE
-/workers (list; add {"url"}; remove {"url"} or ?url=); /flush_cache (fanned out to all workers).
+(router alive), /readiness (200 when a request can be served: a healthy worker, or under PD a
+healthy prefill and decode); GET /metrics; GET/POST/DELETE /workers (list; add {"url"}, under PD
+with "role"; remove {"url"} or ?url=); /flush_cache (fanned out to all workers).
 
 Under PD, replies also carry x-smetric-prefill-worker (x-smetric-worker names the decode).
 
 Modules: cli (flags -> config.RouterConfig), app (routes, RouterState), routing (features ->
 view -> decision), proxy (forwarding, streaming, retries), pd (prefill/decode pair dispatch),
-workers (registry, roles, health, load),
-metrics (Prometheus), errors (OpenAI-style bodies), kv (what is needed of the KV-event hub),
-assemble (the real parts wired together).
+workers (registry, roles, health, load), metrics (Prometheus), errors (OpenAI-style bodies), kv
+(what is needed of the KV-event hub), assemble (the real parts wired together).
 """

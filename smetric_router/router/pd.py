@@ -36,9 +36,9 @@ from smetric_router.core.types import RequestFeatures
 from smetric_router.router.errors import RouterError, bad_request
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.proxy import (
-    _DROP_RESPONSE,
-    _UNREACHABLE,
+    DROP_RESPONSE,
     REASON_HEADER,
+    UNREACHABLE,
     WORKER_HEADER,
     copy_stream,
     forward_headers,
@@ -325,7 +325,7 @@ class PdProxy:
                 timeout=self.timeout,
                 skip_auto_headers=("Accept-Encoding", "User-Agent"),
             )
-        except _UNREACHABLE as e:
+        except UNREACHABLE as e:
             why_ = str(e) or type(e).__name__
             if isinstance(e, aiohttp.ClientConnectorError):
                 self.registry.mark_failed(worker, why_)
@@ -361,7 +361,7 @@ class PdProxy:
     ) -> web.StreamResponse:
         self.metrics.ttft.labels(label).observe(time.perf_counter() - started)
         headers = CIMultiDict(
-            (k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE
+            (k, v) for k, v in resp.headers.items() if k.lower() not in DROP_RESPONSE
         )
         headers.update(pair.headers())
         if resp.content_type != "text/event-stream":

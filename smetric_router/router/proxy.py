@@ -42,9 +42,9 @@ _HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
-_DROP_RESPONSE = _HOP_BY_HOP | {"date", "server"}
+DROP_RESPONSE = _HOP_BY_HOP | {"date", "server"}
 # Failures that happen before the worker sent anything: safe to send the request elsewhere.
-_UNREACHABLE = (
+UNREACHABLE = (
     aiohttp.ClientConnectorError,
     aiohttp.ServerDisconnectedError,
     aiohttp.ClientOSError,
@@ -138,7 +138,7 @@ class Proxy:
                 timeout=self.timeout,
                 skip_auto_headers=("Accept-Encoding", "User-Agent"),
             )
-        except _UNREACHABLE as e:
+        except UNREACHABLE as e:
             worker.inflight -= 1
             why = str(e) or type(e).__name__
             # Only a refused or unroutable connection says the worker is down; a dropped
@@ -166,7 +166,7 @@ class Proxy:
     ) -> web.StreamResponse:
         try:
             headers = CIMultiDict(
-                (k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE
+                (k, v) for k, v in resp.headers.items() if k.lower() not in DROP_RESPONSE
             )
             headers.update(decision_headers(routed))
             if resp.content_type == "text/event-stream":
