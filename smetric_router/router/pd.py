@@ -332,11 +332,9 @@ class PdProxy:
             return _Failed(Side.DECODE, worker.url, why_)
         try:
             if resp.status >= 500:
-                body = await resp.read()
-                return _Failed(
-                    Side.DECODE, worker.url, f"HTTP {resp.status}", resp.status, body,
-                    resp.content_type,
-                )  # fmt: skip
+                why_ = f"HTTP {resp.status}"
+                body, ctype = await resp.read(), resp.content_type
+                return _Failed(Side.DECODE, worker.url, why_, resp.status, body, ctype)
             if resp.content_type == "text/event-stream":
                 first = await resp.content.readany()
             else:
