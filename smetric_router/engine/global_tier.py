@@ -39,6 +39,10 @@ class GlobalTier:
 
     def store(self, page_hashes: Sequence[int]) -> None:
         pages = self._pages
+        if math.isinf(self.capacity_pages):
+            # nothing is ever evicted, so the LRU order does not matter: skip maintaining it
+            pages.update(dict.fromkeys(page_hashes))
+            return
         for h in page_hashes:
             pages[h] = None
             pages.move_to_end(h)

@@ -92,6 +92,26 @@ class RadixCache:
                 break
         return gpu, host
 
+    def match_len(self, hashes: Sequence[int]) -> tuple[int, int]:
+        """The lengths of match(hashes), without building lists. GPU residency is prefix-closed,
+        so the GPU run is found by bisection; the host run after it is scanned."""
+        nodes = self.nodes
+        lo, hi = 0, len(hashes)  # hashes[:lo] are on the GPU, hashes[hi:] are not
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            node = nodes.get(hashes[mid - 1])
+            if node is not None and node.on_gpu:
+                lo = mid
+            else:
+                hi = mid - 1
+        host = 0
+        for i in range(lo, len(hashes)):
+            node = nodes.get(hashes[i])
+            if node is None or not node.on_host:
+                break
+            host += 1
+        return lo, host
+
     def touch(self, nodes: Sequence[PageNode]) -> None:
         self._clock += 1
         for node in nodes:

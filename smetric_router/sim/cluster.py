@@ -314,14 +314,14 @@ class Cluster:
             text_match = tree.match(features.text)
         workers = []
         for i, inst in enumerate(self.instances):
-            gpu, host = inst.engine.cache.match(cacheable)
+            gpu, host = inst.engine.cache.match_len(cacheable)
             url = self.urls[i]
             workers.append(
                 WorkerView(
                     url=url,
                     load=self._load[i],
-                    hit=(len(gpu) + len(host)) * ps,
-                    gpu_hit=len(gpu) * ps,
+                    hit=(gpu + host) * ps,
+                    gpu_hit=gpu * ps,
                     text_match=text_match.get(url, 0),
                     text_tree_size=tree.size(url) if tree is not None else 0,
                 )

@@ -2,8 +2,8 @@
 
 A trace block of `block_size` tokens is `block_size / page_size` engine pages. Block ids are
 prefix-chained content ids, so a block is identified by the chain of ids up to it; page j of a
-block gets the hash of (that chain, j). Equal id chains therefore give equal pages, as equal
-token prefixes give equal SGLang page hashes. Python's hash of int tuples is deterministic
+block gets the chain's hash XOR a fixed offset for j. Equal id chains therefore give equal pages,
+as equal token prefixes give equal SGLang page hashes. Python's hash of int tuples is deterministic
 (PYTHONHASHSEED only salts str/bytes), and 64-bit collisions are ignored as SGLang's are.
 
 Outputs: a request's output pages (and the page straddling prompt end and output start) get
@@ -17,11 +17,21 @@ from __future__ import annotations
 from smetric_router.traces.schema import TraceRequest
 
 _OUTPUT_TAG = -0x5EED  # keeps output page keys apart from block chain keys
+_PAGE_TAG = -0xB10C
 
 
 class PageMapper:
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
+        self._offset_cache: dict[int, list[int]] = {}
+
+    def _offsets(self, per_block: int) -> list[int]:
+        """Page j of a block is (block chain hash) XOR a fixed pseudo-random 64-bit offset."""
+        got = self._offset_cache.get(per_block)
+        if got is None:
+            got = [0] + [hash((_PAGE_TAG, j)) for j in range(1, per_block)]
+            self._offset_cache[per_block] = got
+        return got
 
     def pages(self, req: TraceRequest, serial: int) -> list[int]:
         """Hashes of every full page of prompt + output (EngineRequest.page_hashes)."""
@@ -29,7 +39,7 @@ class PageMapper:
         bs = req.block_size
         if bs % ps:
             raise ValueError(f"block size {bs} is not a multiple of the page size {ps}")
-        per_block = bs // ps
+        offsets = self._offsets(bs // ps)
         n_prompt = req.input_len // ps
         n_total = (req.input_len + max(req.output_len, 1)) // ps
         out: list[int] = []
@@ -38,7 +48,7 @@ class PageMapper:
             if len(out) >= n_prompt:
                 break
             chain = hash((chain, block))
-            out.extend(hash((chain, j)) for j in range(per_block))
+            out.extend([chain ^ o for o in offsets])
         del out[n_prompt:]
         # a prompt longer than its block ids cover gets request-private pages for the rest
         out.extend(hash((_OUTPUT_TAG, serial, j)) for j in range(len(out), n_total))

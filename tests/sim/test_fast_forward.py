@@ -86,3 +86,21 @@ def test_token_free_request_hits_its_shared_prefix() -> None:
 def test_token_free_request_needs_a_hash_per_full_page() -> None:
     with pytest.raises(ValueError, match="page hashes"):
         Engine(EngineConfig()).add_request(EngineRequest("a", [], [], [1], 40, 0))
+
+
+def test_match_len_agrees_with_match_under_eviction() -> None:
+    # small GPU and host tiers so that both evict while the requests run
+    cfg = EngineConfig(gpu_kv_tokens=8_000, host_kv_tokens=12_000, max_running_requests=8)
+    eng = Engine(cfg)
+    rng = random.Random(3)
+    checked = 0
+    for _, req in _requests(150, 5):
+        eng.add_request(req)
+        for _ in range(rng.randint(1, 30)):
+            eng.step()
+        probe = req.page_hashes or []
+        for cut in (len(probe), len(probe) // 2, 3):
+            gpu, host = eng.cache.match(probe[:cut])
+            assert eng.cache.match_len(probe[:cut]) == (len(gpu), len(host))
+            checked += bool(gpu or host)
+    assert checked > 50
