@@ -124,8 +124,8 @@ class Engine:
             hashes = req.page_hashes[: n_in // ps]
         if n_in <= 0:
             raise ValueError(f"request {req.rid} has an empty prompt")
-        gpu, _ = self.cache.match(hashes[: (n_in - 1) // ps])
-        r = _Req(req, n_in, n_out, hashes, chain, n_in - len(gpu) * ps)
+        gpu, _ = self.cache.match_len(hashes[: (n_in - 1) // ps])
+        r = _Req(req, n_in, n_out, hashes, chain, n_in - gpu * ps)
         self._waiting.append(r)
         self._by_rid[req.rid] = r
 
@@ -277,7 +277,10 @@ class Engine:
         ps = cfg.page_size
         n_in, n_out = r.n_in, r.n_out
         cacheable = r.hashes[: (n_in - 1) // ps]
-        gpu, host = cache.match(cacheable)
+        n_gpu, n_host = cache.match_len(cacheable)
+        nodes = cache.nodes
+        gpu = [nodes[h] for h in cacheable[:n_gpu]]
+        host = cacheable[n_gpu : n_gpu + n_host]
         if r.prefilled:
             host = host[:0]  # the transferred KV lands on the GPU: nothing to load
         n_storage = 0

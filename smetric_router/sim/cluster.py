@@ -326,8 +326,8 @@ class Cluster:
                     text_tree_size=tree.size(url) if tree is not None else 0,
                 )
             )
-        global_hit = self.global_tier.peek(cacheable) * ps if self.global_tier is not None else 0
-        view = ClusterView(tuple(workers), tick, rng.getrandbits(64), global_hit)
+        # global_hit stays 0 as the router leaves it: no policy reads it
+        view = ClusterView(tuple(workers), tick, rng.getrandbits(64))
         url = self.policy.decide(features, view).worker
         if tree is not None:
             tree.insert(features.text, url)
