@@ -12,7 +12,6 @@ any child dies the launcher stops the rest and exits non-zero.
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
 import os
 import signal
@@ -122,9 +121,19 @@ def load_spec(path: Path) -> ClusterSpec:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct free ports, held together while chosen so none is handed out twice."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _port_in_use(host: str, port: int) -> bool:
@@ -150,10 +159,14 @@ class WorkerLaunch:
 def plan_workers(spec: ClusterSpec) -> list[WorkerLaunch]:
     """The workers of a spec, with their ports: consecutive from workers.base_port, else free."""
     w, pd = spec.workers, spec.pd
-    counter = itertools.count(w.base_port)
+    n_ports = 3 * w.count if pd is None else 4 * pd.prefill + pd.decode
+    if w.base_port:
+        ports = iter(range(w.base_port, w.base_port + n_ports))
+    else:  # never the router's port, which is free until the router starts
+        ports = iter([p for p in free_ports(n_ports + 1) if p != spec.router.port][:n_ports])
 
     def port() -> int:
-        return next(counter) if w.base_port else free_port()
+        return next(ports)
 
     common = ("--host", "127.0.0.1", "--model-name", w.model_name, "--page-size",
               str(w.page_size), "--profile", w.profile, "--speedup", str(w.speedup))  # fmt: skip
