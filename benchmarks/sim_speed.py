@@ -32,7 +32,7 @@ from smetric_router.traces.schema import TraceRequest
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake-conversation.jsonl"
 AGENTIC_REQUESTS = 100_000
-AGENTIC_SESSIONS = 23_000  # ~4.5 requests per root session incl. forks: a bit over 100K
+AGENTIC_SESSIONS = 23_600  # ~4.2 requests per root session incl. forks: a bit over 100K
 
 
 def _timed(name: str, trace: list[TraceRequest], policy: str, limit_s: float) -> dict[str, Any]:

@@ -94,7 +94,11 @@ class RadixCache:
 
     def match_len(self, hashes: Sequence[int]) -> tuple[int, int]:
         """The lengths of match(hashes), without building lists. GPU residency is prefix-closed,
-        so the GPU run is found by bisection; the host run after it is scanned."""
+        so the GPU run is found by bisection. With a host tier larger than the GPU tier, a host
+        page can always be evicted to make room, so every page gets a host copy when inserted
+        and leaves the tree only as a leaf: then the pages present are prefix-closed too and the
+        host run is bisected as well. Otherwise it is scanned (a host-only page can outlive its
+        parent there)."""
         nodes = self.nodes
         lo, hi = 0, len(hashes)  # hashes[:lo] are on the GPU, hashes[hi:] are not
         while lo < hi:
@@ -104,6 +108,15 @@ class RadixCache:
                 lo = mid
             else:
                 hi = mid - 1
+        if self.host_capacity > self.gpu_capacity:
+            end, hi = lo, len(hashes)  # hashes[:end] are present, hashes[hi:] are not
+            while end < hi:
+                mid = (end + hi + 1) >> 1
+                if hashes[mid - 1] in nodes:
+                    end = mid
+                else:
+                    hi = mid - 1
+            return lo, end - lo
         host = 0
         for i in range(lo, len(hashes)):
             node = nodes.get(hashes[i])

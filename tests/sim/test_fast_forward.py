@@ -88,9 +88,11 @@ def test_token_free_request_needs_a_hash_per_full_page() -> None:
         Engine(EngineConfig()).add_request(EngineRequest("a", [], [], [1], 40, 0))
 
 
-def test_match_len_agrees_with_match_under_eviction() -> None:
-    # small GPU and host tiers so that both evict while the requests run
-    cfg = EngineConfig(gpu_kv_tokens=8_000, host_kv_tokens=12_000, max_running_requests=8)
+@pytest.mark.parametrize("host", [0, 4_000, 12_000])
+def test_match_len_agrees_with_match_under_eviction(host: int) -> None:
+    # small GPU and host tiers so that both evict while the requests run; a host tier smaller
+    # and larger than the GPU tier take match_len's two paths
+    cfg = EngineConfig(gpu_kv_tokens=8_000, host_kv_tokens=host, max_running_requests=8)
     eng = Engine(cfg)
     rng = random.Random(3)
     checked = 0
