@@ -32,6 +32,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     d = EngineConfig()
     p = argparse.ArgumentParser(
         prog="python -m smetric_router.emulator",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description=(
             f"An {NOTICE}. Speaks SGLang {SGLANG_VERSION}'s HTTP API (/generate, "
             "/v1/chat/completions, /v1/completions, /health, /server_info, /v1/loads, /metrics, "
@@ -41,20 +42,39 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "token is <|im_end|>. POST /emulator/faults injects faults for tests."
         ),
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--model-name", default=DEFAULT_MODEL_NAME)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=30000, help="HTTP port")
+    p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="served model name")
     p.add_argument("--tokenizer-path", default=None, help="HF tokenizer dir (default: bundled)")
-    p.add_argument("--page-size", type=int, default=d.page_size)
+    p.add_argument("--page-size", type=int, default=d.page_size, help="KV page size in tokens")
     p.add_argument("--kv-events-port", type=int, default=None, help="ZMQ PUB port; off if unset")
-    p.add_argument("--kv-events-replay-port", type=int, default=None)
-    p.add_argument("--kv-events-topic", default="")
+    p.add_argument(
+        "--kv-events-replay-port", type=int, default=None, help="ZMQ replay (ROUTER) port"
+    )
+    p.add_argument("--kv-events-topic", default="", help="topic of the KV-event frames")
     p.add_argument("--profile", default=d.profile, help="engine timing profile name")
-    p.add_argument("--gpu-kv-tokens", type=int, default=d.gpu_kv_tokens)
-    p.add_argument("--host-kv-tokens", type=int, default=d.host_kv_tokens)
+    p.add_argument(
+        "--gpu-kv-tokens", type=int, default=d.gpu_kv_tokens, help="GPU-tier KV capacity (tokens)"
+    )
+    p.add_argument(
+        "--host-kv-tokens",
+        type=int,
+        default=d.host_kv_tokens,
+        help="HiCache host-tier KV capacity (tokens); 0 = no host tier",
+    )
     p.add_argument("--speedup", type=float, default=1.0, help="model seconds per wall second")
-    p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
-    p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
+    p.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=d.max_running_requests,
+        help="batch size limit",
+    )
+    p.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=d.chunked_prefill_size,
+        help="new prompt tokens computed per step",
+    )
     pd = p.add_argument_group(
         "PD disaggregation",
         "prefill: computes the prompt, answers with the first token and offers the KV under the "
