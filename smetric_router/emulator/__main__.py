@@ -45,7 +45,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=30000, help="HTTP port")
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="served model name")
-    p.add_argument("--tokenizer-path", default=None, help="HF tokenizer dir; unset = the bundled one")
+    p.add_argument(
+        "--tokenizer-path", default=None, help="HF tokenizer dir; unset = the bundled one"
+    )
     p.add_argument("--page-size", type=int, default=d.page_size, help="KV page size in tokens")
     p.add_argument("--kv-events-port", type=int, default=None, help="ZMQ PUB port; off if unset")
     p.add_argument(

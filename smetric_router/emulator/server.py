@@ -693,6 +693,32 @@ async def abort_request(request: web.Request) -> web.Response:
     return web.Response()
 
 
+async def prefix_match(request: web.Request) -> web.Response:
+    """The patched SGLang's POST /smetric/prefix_match (patches/): per prompt, tokens of the leading
+    page-aligned prefix on the GPU (`device`) and on the GPU or host (`host`). Read-only; it runs on
+    the event loop between engine steps, as SGLang answers it between forward steps."""
+    em = request.app[EMULATOR]
+    try:
+        body = await _body(request)
+    except _BadRequest as exc:
+        return _json({"error": {"message": str(exc)}}, 400)
+    prompts = body.get("input_ids")
+    if isinstance(prompts, list) and all(type(t) is int for t in prompts):
+        prompts = [prompts]
+    if not isinstance(prompts, list) or not all(
+        isinstance(p, list) and all(type(t) is int for t in p) for p in prompts
+    ):
+        message = "input_ids must be a list of ints or of int lists"
+        return _json({"error": {"message": message}}, 400)
+    if em.faults.probe_delay_secs:
+        await asyncio.sleep(em.faults.probe_delay_secs)
+    results = []
+    for ids in prompts:
+        cached = em.runner.engine.match_prefix(ids)
+        results.append({"device": cached.device, "host": cached.device + cached.host})
+    return _json({"page_size": em.config.engine.page_size, "results": results})
+
+
 def make_app(config: EmulatorConfig, engine: EngineModel, codec: ChatCodec) -> web.Application:
     app = web.Application(middlewares=[_fault_middleware], client_max_size=64 * 1024**2)
     em = Emulator(config, engine, codec)
@@ -722,6 +748,7 @@ def make_app(config: EmulatorConfig, engine: EngineModel, codec: ChatCodec) -> w
     r.add_get("/flush_cache", flush_cache)
     r.add_post("/flush_cache", flush_cache)
     r.add_post("/abort_request", abort_request)
+    r.add_post("/smetric/prefix_match", prefix_match)
     r.add_get("/emulator/faults", faults_handler)
     r.add_post("/emulator/faults", faults_handler)
     return app
