@@ -34,6 +34,7 @@ async def test_no_fault_is_armed_by_default(worker: Worker) -> None:
         "die_mid_stream_next": 0,
         "stall": False,
         "withhold_kv_next": 0,
+        "probe_delay_secs": 0.0,
     }
 
 
