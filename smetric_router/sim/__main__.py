@@ -6,6 +6,8 @@ Example (the Mooncake conversation trace, four policies, a rate sweep):
         --policies smetric,bailian,lmetric,load_balance --rate-scale 1,1.5,2 --json out.json
 
 Every (global ratio, policy, rate scale) combination is one independent run with the same seed.
+With --pd, the runs simulate PD disaggregation's prefill instances instead (sim/pd.py): rows then
+report prefill TPS (prompt tokens) and TTFT to prefill completion.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from smetric_router.policies.base import PolicyParams, make_policy, policy_names
 from smetric_router.sim.cluster import Cluster
 from smetric_router.sim.config import SimConfig, Slo
 from smetric_router.sim.metrics import summarize
+from smetric_router.sim.pd import (
+    PREFILL_OVERLOAD_SLACK,
+    PdCluster,
+    pd_params,
+    summarize_pd,
+    trace_pages,
+)
 from smetric_router.sim.report import document, plots, table
 from smetric_router.traces.loaders import TraceError, load_trace
 from smetric_router.traces.schema import TraceRequest
@@ -80,6 +89,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--overload", type=float, default=d.overload)
     p.add_argument("--overload-slack", type=float, default=d.overload_slack)
     p.add_argument("--hit-ratio", type=float, default=d.hit_ratio)
+    # PD mode (sim/pd.py)
+    p.add_argument(
+        "--pd", action="store_true", help="PD disaggregation: simulate the prefill instances only"
+    )
+    p.add_argument(
+        "--prefill-overload-slack",
+        type=float,
+        default=PREFILL_OVERLOAD_SLACK,
+        help="--pd: SMetric's overload slack in unprefilled tokens (replaces --overload-slack)",
+    )
     p.add_argument("--slo-ttft-base-s", type=float, default=slo.ttft_base_s)
     p.add_argument("--slo-ttft-per-token-ms", type=float, default=slo.ttft_per_token_ms)
     p.add_argument("--slo-tpot-ms", type=float, default=slo.tpot_ms)
@@ -108,12 +127,19 @@ def run(
     global_ratios: Sequence[float],
     cfg: SimConfig,
     progress: Callable[[int], None] | None = None,
+    pd: bool = False,
 ) -> list[dict[str, Any]]:
+    """pd: cfg.params should already carry the token slack (sim.pd.pd_params)."""
     rows = []
+    pages = trace_pages(trace, cfg.page_size) if pd else None
     for ratio in global_ratios:
         for name in policies:
             for scale in rate_scales:
                 policy = make_policy(name, cfg.params)
+                if pd:
+                    pd_result = PdCluster(cfg, policy, ratio).run(trace, scale, progress, pages)
+                    rows.append(summarize_pd(pd_result, cfg.slo, name, scale, ratio))
+                    continue
                 result = Cluster(cfg, policy, ratio).run(trace, scale, progress)
                 rows.append(summarize(result, cfg.slo, name, scale, ratio))
     return rows
@@ -127,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             overload=args.overload, overload_slack=args.overload_slack, hit_ratio=args.hit_ratio
         )
         for name in policies:
-            make_policy(name, params)
+            if make_policy(name, params).uses_text_tree and args.pd:
+                raise ValueError(f"policy {name!r} (text tree) is not modelled under --pd")
         cfg = SimConfig(
             instances=args.instances,
             profile=args.profile,
@@ -138,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             window_s=args.window_s,
             seed=args.seed,
         )
+        if args.pd:
+            cfg = pd_params(cfg, args.prefill_overload_slack)
         for r in args.rate_scale:
             if r <= 0:
                 raise ValueError(f"--rate-scale values must be > 0, got {r:g}")
@@ -155,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = len(policies) * len(args.rate_scale) * len(args.global_ratio)
     update, close = _progress(runs * len(trace), not args.no_progress)
     try:
-        rows = run(trace, policies, args.rate_scale, args.global_ratio, cfg, update)
+        rows = run(trace, policies, args.rate_scale, args.global_ratio, cfg, update, args.pd)
     finally:
         close()
     print(table(rows))

@@ -12,6 +12,9 @@
   instance computed (prefill computed + decode).
 - followup_stickiness: follow-ups (turn > 0) served by the instance their session's first request
   went to, over follow-ups whose session's first request is in the trace.
+
+PD rows (--pd) keep this schema with PD meanings and add mode / prefill_tps /
+prefill_tps_within_slo: see sim/pd.py summarize_pd.
 """
 
 from __future__ import annotations

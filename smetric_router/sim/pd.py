@@ -1,0 +1,348 @@
+"""PD disaggregation in the simulator: prefill instances only (`python -m smetric_router.sim --pd`).
+
+Decode is out of scope: under disaggregation KV reuse only matters at prefill, and the paper's
+§5.3 measures the prefill instances alone (prefill TPS within SLO and TTFT). Each instance is an
+`engine.Engine` that prefills prompts and emits the first token (output length 1, as an SGLang
+prefill server does), sharing the same global tier and server links as the colocated simulator.
+
+The router's own policy objects choose the prefill instance, with the view the router's PD mode
+builds (router/workers.py, router/pd.py):
+- load = unprefilled tokens: per instance, prompt tokens dispatched and not yet prefilled, each
+  request counting its prompt minus the local hit the view showed at dispatch, until its prefill
+  ends (the step that emits its first token). The router's own count is exact for one router, so
+  the worker-reported `num_waiting_uncached_tokens` correction (other router replicas' load) is
+  not modelled;
+- SMetric's overload slack is in tokens (the router's --prefill-overload-slack, default 4096);
+- hit / gpu_hit, turn and est_hit as in the colocated simulator (sim/cluster.py).
+
+Step semantics are the colocated simulator's: a step's effect on the engine applies when it
+starts, what the router observes of it (prefill done) when it ends; requests arriving mid-step
+join the next step. TTFT here is the prefill's completion: the KV transfer to a decode instance
+and the decode's first step are not included.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from smetric_router.core.types import ClusterView, RequestFeatures, WorkerView
+from smetric_router.engine.api import EngineConfig, EngineRequest, StepResult
+from smetric_router.engine.engine import Engine
+from smetric_router.engine.global_tier import GlobalTier
+from smetric_router.engine.timing import TimingModel
+from smetric_router.policies.base import Policy
+from smetric_router.sim.cluster import RequestRecord
+from smetric_router.sim.config import SimConfig, Slo
+from smetric_router.sim.pages import PageMapper
+from smetric_router.traces.schema import TraceRequest
+
+PREFILL_OVERLOAD_SLACK = 4096.0  # tokens: the router's --prefill-overload-slack default
+
+
+@dataclass(slots=True)
+class PdRunResult:
+    """records: first_token = finish = prefill done (-1: dropped, could never fit).
+    window_load: [window][instance] time-averaged unprefilled tokens (the router's load signal)."""
+
+    records: list[RequestRecord]
+    window_load: list[list[float]]
+    window_s: float
+
+
+def arrival_order(trace: Sequence[TraceRequest]) -> list[int]:
+    return sorted(range(len(trace)), key=lambda i: (trace[i].arrival_s, i))
+
+
+def trace_pages(trace: Sequence[TraceRequest], page_size: int) -> list[np.ndarray]:
+    """Every request's page hashes (prompt + the one output token), in arrival order.
+
+    They depend on the trace alone, so a sweep computes them once and hands them to every run
+    (hashing the pages is most of a run's time otherwise)."""
+    mapper = PageMapper(page_size)
+    return [
+        np.asarray(mapper.pages(replace(trace[i], output_len=1), n), dtype=np.int64)
+        for n, i in enumerate(arrival_order(trace))
+    ]
+
+
+class _Prefill:
+    __slots__ = ("busy", "clock", "engine", "idx", "load", "load_since", "result")
+
+    def __init__(self, idx: int, engine: Engine) -> None:
+        self.idx = idx
+        self.engine = engine
+        self.clock = 0.0  # start of the step in flight, or of the next one
+        self.busy = False  # a step end (or start) is scheduled
+        self.result: StepResult | None = None
+        self.load = 0  # unprefilled tokens as the router counts them
+        self.load_since = 0.0
+
+
+class PdCluster:
+    """Prefill instances on a virtual clock; one run per object."""
+
+    def __init__(
+        self,
+        cfg: SimConfig,
+        policy: Policy,
+        global_ratio: float,
+        timing: TimingModel | None = None,
+    ) -> None:
+        if policy.uses_text_tree:
+            raise ValueError(f"policy {policy.name!r} (text tree) is not modelled under --pd")
+        self.cfg = cfg
+        self.policy = policy
+        self.timing = timing or TimingModel.load(cfg.profile)
+        gpu = cfg.gpu_kv_tokens if cfg.gpu_kv_tokens is not None else self.timing.gpu_kv_tokens
+        host = cfg.host_kv_tokens if cfg.host_kv_tokens is not None else self.timing.host_kv_tokens
+        ecfg = EngineConfig(
+            page_size=cfg.page_size,
+            gpu_kv_tokens=gpu,
+            host_kv_tokens=host,
+            chunked_prefill_size=cfg.chunked_prefill_size,
+            max_running_requests=cfg.max_running_requests,
+            profile=cfg.profile,
+        )
+        capacity = global_ratio * cfg.instances * (gpu + host)
+        self.global_tier = (
+            GlobalTier(capacity if not math.isnan(capacity) else math.inf, cfg.page_size)
+            if global_ratio > 0
+            else None
+        )
+        n_links = -(-cfg.instances // cfg.gpus_per_server)
+        link_free = [0.0] * n_links  # when each server's NIC is next free
+        self.instances: list[_Prefill] = []
+        for i in range(cfg.instances):
+            inst = _Prefill(i, Engine(ecfg, self.global_tier, self.timing))
+            inst.engine.storage_fetch_seconds = self._fetcher(
+                inst, link_free, i // cfg.gpus_per_server
+            )
+            self.instances.append(inst)
+        self.urls = [f"sim-prefill-{i}" for i in range(cfg.instances)]
+        self._url_index = {u: i for i, u in enumerate(self.urls)}
+        self._heap: list[tuple[float, int, int]] = []
+        self._seq = 0
+        self._records: list[RequestRecord] = []
+        self._held: dict[int, int] = {}  # request -> unprefilled tokens it adds to its instance
+        self._windows: list[list[float]] = []
+
+    def _fetcher(self, inst: _Prefill, link_free: list[float], k: int) -> Callable[[int], float]:
+        kv_bytes = self.timing.kv_bytes_per_token
+        pcie = self.timing.host_load_seconds
+        rate = self.cfg.server_link_bytes_per_s
+
+        def fetch(tokens: int) -> float:
+            start = max(inst.clock, link_free[k])
+            link_free[k] = start + tokens * kv_bytes / rate
+            return link_free[k] - inst.clock + pcie(tokens)
+
+        return fetch
+
+    # ---- load signal --------------------------------------------------------------------------
+
+    def _add_load(self, inst: _Prefill, t: float, delta: int) -> None:
+        """Change the instance's unprefilled tokens at t, integrating the old value over windows."""
+        start, load = inst.load_since, inst.load
+        if load > 0 and t > start:
+            w = self.cfg.window_s
+            windows = self._windows
+            last = int(t // w)
+            while len(windows) <= last:
+                windows.append([0.0] * self.cfg.instances)
+            for k in range(int(start // w), last + 1):
+                lo, hi = max(start, k * w), min(t, (k + 1) * w)
+                if hi > lo:
+                    windows[k][inst.idx] += load * (hi - lo) / w
+        inst.load_since = t
+        inst.load = load + delta
+
+    # ---- events -------------------------------------------------------------------------------
+
+    def _schedule(self, inst: _Prefill, t: float) -> None:
+        inst.busy = True
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, inst.idx))
+
+    def _run_events(self, until: float) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= until:
+            t, _, idx = heapq.heappop(heap)
+            inst = self.instances[idx]
+            if inst.result is not None:
+                self._deliver(inst, inst.result, t)
+                inst.result = None
+            inst.clock = t
+            if not inst.engine.has_work():
+                inst.busy = False
+                continue
+            res = inst.engine.step()
+            for rid, cached in res.scheduled:
+                rec = self._records[int(rid)]
+                rec.cached_global = cached.storage
+                rec.cached_local = cached.device + cached.host
+            inst.result = res
+            self._schedule(inst, t + res.duration)
+
+    def _deliver(self, inst: _Prefill, res: StepResult, t: float) -> None:
+        for rid, _ in res.emitted:
+            rec = self._records[int(rid)]
+            rec.first_token = rec.finish = t
+        for rid in res.finished:  # prefilled, or dropped (could never fit): the load ends
+            self._add_load(inst, t, -self._held.pop(int(rid)))
+
+    # ---- arrivals -----------------------------------------------------------------------------
+
+    def run(
+        self,
+        trace: Sequence[TraceRequest],
+        rate_scale: float = 1.0,
+        progress: Callable[[int], None] | None = None,
+        pages: Sequence[np.ndarray] | None = None,
+    ) -> PdRunResult:
+        """pages: trace_pages(trace, page size), when a sweep has them already."""
+        if rate_scale <= 0:
+            raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
+        ps = self.cfg.page_size
+        mapper = PageMapper(ps)
+        rng = random.Random(self.cfg.seed)
+        session_first: dict[str, int] = {}
+        session_blocks: dict[str, tuple[int, ...]] = {}
+        order = arrival_order(trace)
+        t0 = trace[order[0]].arrival_s if order else 0.0
+        for n, i in enumerate(order):
+            req = replace(trace[i], output_len=1)  # a prefill server emits the first token only
+            t = (req.arrival_s - t0) / rate_scale
+            self._run_events(t)
+            hashes = pages[n].tolist() if pages is not None else mapper.pages(req, n)
+            prev = session_blocks.get(req.session)
+            shared = 0
+            if prev is not None:
+                for a, b in zip(prev, req.block_ids, strict=False):
+                    if a != b:
+                        break
+                    shared += 1
+            session_blocks[req.session] = req.block_ids
+            prompt_pages = hashes[: req.input_len // ps]
+            features = RequestFeatures(
+                prompt_len=req.input_len,
+                page_hashes=prompt_pages,
+                page_size=ps,
+                turn=req.turn,
+                est_hit=min(shared * req.block_size, req.input_len),
+            )
+            idx, hit = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
+            if req.turn == 0:
+                session_first[req.session] = idx
+            first = session_first.get(req.session, -1)
+            self._records.append(
+                RequestRecord(t, req.input_len, trace[i].output_len, req.turn, idx, first)
+            )
+            inst = self.instances[idx]
+            unprefilled = max(0, req.input_len - hit)
+            self._held[n] = unprefilled
+            self._add_load(inst, t, unprefilled)
+            inst.engine.add_request(EngineRequest(str(n), [], [], hashes, req.input_len, 1))
+            if not inst.busy:
+                self._schedule(inst, t)
+            if progress is not None:
+                progress(1)
+        self._run_events(math.inf)  # every load is back to 0: nothing left to integrate
+        return PdRunResult(self._records, self._windows, self.cfg.window_s)
+
+    def _decide(
+        self, features: RequestFeatures, cacheable: list[int], tick: int, rng: random.Random
+    ) -> tuple[int, int]:
+        """The chosen instance and the local hit the view showed for it."""
+        ps = self.cfg.page_size
+        workers = []
+        for i, inst in enumerate(self.instances):
+            gpu, host = inst.engine.cache.match_len(cacheable)
+            workers.append(
+                WorkerView(
+                    url=self.urls[i], load=inst.load, hit=(gpu + host) * ps, gpu_hit=gpu * ps
+                )
+            )
+        view = ClusterView(tuple(workers), tick, rng.getrandbits(64))
+        idx = self._url_index[self.policy.decide(features, view).worker]
+        return idx, workers[idx].hit
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize_pd(
+    run: PdRunResult, slo: Slo, policy: str, rate_scale: float, global_ratio: float
+) -> dict[str, Any]:
+    """One JSON row: the colocated schema (sim/metrics.py) with PD's meanings and fields.
+
+    - prefill_tps: prompt tokens whose KV was produced (computed or reused from any tier) per
+      second, over the span from the first arrival to the last prefill completion;
+      prefill_tps_within_slo: the same, counting only requests whose TTFT met the SLO. `tps` and
+      `tps_within_slo` repeat them (so max_tps_within_slo and the plots read prefill TPS).
+    - ttft_*: seconds from arrival to prefill completion; tpot_* are null (no decode).
+    - imbalance_mean: over windows with any load, max / mean of each instance's time-averaged
+      unprefilled tokens (the paper's in-flight prefill-token load, Figure 21b).
+    - reuse split and followup_stickiness as in the colocated rows; mode = "pd".
+    """
+    ttft: list[float] = []
+    tokens = good = prompt = local = glob = followups = sticky = 0
+    end = 0.0
+    for r in run.records:
+        prompt += r.input_len
+        local += r.cached_local
+        glob += r.cached_global
+        if r.turn > 0 and r.first_instance >= 0:
+            followups += 1
+            sticky += r.instance == r.first_instance
+        if r.first_token < 0:
+            continue
+        end = max(end, r.first_token)
+        tokens += r.input_len
+        t_first = r.first_token - r.arrival
+        ttft.append(t_first)
+        if t_first <= slo.ttft_limit(r.input_len):
+            good += r.input_len
+    start = min((r.arrival for r in run.records), default=0.0)
+    span = end - start
+    ratios = []
+    for w in run.window_load:
+        mean = sum(w) / len(w)
+        if mean > 0:
+            ratios.append(max(w) / mean)
+    tps = tokens / span if span > 0 else 0.0
+    tps_slo = good / span if span > 0 else 0.0
+    nan = float("nan")
+    return {
+        "mode": "pd",
+        "policy": policy,
+        "rate_scale": rate_scale,
+        "global_ratio": global_ratio,
+        "tps": tps,
+        "tps_within_slo": tps_slo,
+        "prefill_tps": tps,
+        "prefill_tps_within_slo": tps_slo,
+        "ttft_p50": _pct(ttft, 50),
+        "ttft_p90": _pct(ttft, 90),
+        "ttft_p99": _pct(ttft, 99),
+        "tpot_p50": nan,
+        "tpot_p90": nan,
+        "tpot_p99": nan,
+        "reuse_ratio": (local + glob) / prompt if prompt else 0.0,
+        "local_hit_ratio": local / prompt if prompt else 0.0,
+        "global_hit_ratio": glob / prompt if prompt else 0.0,
+        "imbalance_mean": float(np.mean(ratios)) if ratios else nan,
+        "followup_stickiness": sticky / followups if followups else nan,
+    }
+
+
+def pd_params(cfg: SimConfig, prefill_overload_slack: float = PREFILL_OVERLOAD_SLACK) -> SimConfig:
+    """The config with SMetric's overload slack in unprefilled tokens, as the router's PD mode."""
+    return replace(cfg, params=replace(cfg.params, overload_slack=prefill_overload_slack))
