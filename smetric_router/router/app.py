@@ -22,6 +22,7 @@ from smetric_router.router.errors import RouterError, bad_request, no_worker
 from smetric_router.router.kv import KvFeeds
 from smetric_router.router.metrics import RouterMetrics, WorkerSample
 from smetric_router.router.pd import PdProxy
+from smetric_router.router.probe import Prober
 from smetric_router.router.proxy import Proxy
 from smetric_router.router.routing import Endpoint, Features, HitIndex, Router, TextTree
 from smetric_router.router.workers import Role, WorkerRegistry, WorkerSpec
@@ -109,6 +110,9 @@ class RouterState:
             self.hits,
             self.text_tree,
             role=role,
+            prober=Prober(self._session, c.probe_timeout_secs, self.metrics)
+            if c.cache_view == "probe"
+            else None,
         )
         self._proxy = Proxy(
             session=self._session,
@@ -255,12 +259,13 @@ async def _generate(
     router = state.router
     try:
         features = router.extract(endpoint, body, request.headers)
+        probed = await router.probe(body, model)  # None unless --cache-view probe
         if strip_hint(body):
             raw = orjson.dumps(body)
         if state.pd is not None:
-            pair = state.pd.route(features, model)
+            pair = state.pd.route(features, model, probed)
         else:
-            routed = router.route(features, model)
+            routed = router.route(features, model, probed)
     except FeatureError as e:
         raise bad_request(str(e)) from None
     except NoWorkerAvailable:

@@ -19,11 +19,12 @@ def make_state(config: RouterConfig) -> RouterState:
     def features_for(page_size: int) -> FeatureExtractor:
         return FeatureExtractor(codec, page_size=page_size, keep_text=keep_text)
 
-    index = KvIndex()
+    # Probe mode asks the workers per request, so it needs neither the index nor its feeds.
+    index = KvIndex() if config.cache_view == "events" else None
     return RouterState(
         config,
         features_for=features_for,
         hits=index,
         text_tree=TextTree() if keep_text else None,
-        kv_feeds=KvEventHub(index) if config.kv_events else None,
+        kv_feeds=KvEventHub(index) if index is not None and config.kv_events else None,
     )

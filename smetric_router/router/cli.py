@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from smetric_router.policies import PolicyParams, policy_names
-from smetric_router.router.config import RouterConfig
+from smetric_router.router.config import CACHE_VIEWS, RouterConfig
 
 log = logging.getLogger("smetric_router.router")
 
@@ -215,6 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not subscribe to the workers' KV events (cache hits then stay unknown)",
     )
+    p.add_argument(
+        "--cache-view",
+        choices=CACHE_VIEWS,
+        default=_D.cache_view,
+        help="where per-worker cache hits come from: 'events' (KV-event index) or 'probe' (ask "
+        "each healthy worker's POST /smetric/prefix_match per request; needs the patched SGLang "
+        "of patches/ or the emulator; no KV-event subscription)",
+    )
+    p.add_argument(
+        "--probe-timeout-secs",
+        type=float,
+        default=_D.probe_timeout_secs,
+        help="probe mode: a worker that has not answered the probe by then counts as hit 0",
+    )
     return p
 
 
@@ -266,6 +280,8 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             max_body_bytes=a.max_body_bytes,
             max_retries=a.max_retries,
             kv_events=not a.no_kv_events,
+            cache_view=a.cache_view,
+            probe_timeout_secs=a.probe_timeout_secs,
             pd_disaggregation=a.pd_disaggregation,
             prefill=_prefill_specs(a.prefill),
             decode_urls=tuple(a.decode),

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 from smetric_router.policies import PolicyParams
 from smetric_router.router.workers import Role, WorkerSpec
 
+CACHE_VIEWS = ("events", "probe")
+
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
@@ -27,6 +29,10 @@ class RouterConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     max_retries: int = 2
     kv_events: bool = True  # subscribe to the workers' KV events (off: hits stay 0)
+    # Where per-worker cache hits come from: "events" (KV-event index) or "probe" (ask each worker's
+    # patched SGLang /smetric/prefix_match per request, see patches/).
+    cache_view: str = "events"
+    probe_timeout_secs: float = 0.05
     # PD disaggregation: prefill (URL, bootstrap port or None = discover) and decode instances.
     pd_disaggregation: bool = False
     prefill: tuple[tuple[str, int | None], ...] = ()
@@ -51,9 +57,12 @@ class RouterConfig:
             "health_check_interval_secs",
             "health_check_timeout_secs",
             "pd_handover_timeout_secs",
+            "probe_timeout_secs",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.cache_view not in CACHE_VIEWS:
+            raise ValueError(f"cache_view must be one of {CACHE_VIEWS}, got {self.cache_view!r}")
         if self.prefill_overload_slack < 0:
             raise ValueError("prefill_overload_slack must be >= 0")
         if self.pd_disaggregation:

@@ -86,6 +86,12 @@ class RouterMetrics:
         self.stream_errors = Counter(
             "smetric_stream_errors", "Streams cut by a lost worker", ["worker"], registry=r
         )
+        self.probe_failures = Counter(
+            "smetric_probe_failures",
+            "Cache probes (--cache-view probe) that timed out or failed; counted as hit 0",
+            ["worker", "outcome"],
+            registry=r,
+        )
         self.duration = Histogram(
             "smetric_request_duration_seconds",
             "Time from request arrival to the end of the response",

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -159,9 +160,16 @@ class PdProxy:
     timeout: aiohttp.ClientTimeout
     handover_timeout: float
 
-    def route(self, features: RequestFeatures, model: str | None) -> Pair:
+    def route(
+        self,
+        features: RequestFeatures,
+        model: str | None,
+        probed: Mapping[str, tuple[int, int]] | None = None,
+    ) -> Pair:
+        """probed: the prefill side's probe round (--cache-view probe), where KV reuse pays."""
         return Pair(
-            self.prefill_router.route(features, model), self.decode_router.route(features, model)
+            self.prefill_router.route(features, model, probed),
+            self.decode_router.route(features, model),
         )
 
     async def dispatch(

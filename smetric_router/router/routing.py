@@ -1,4 +1,5 @@
-"""One decision per request, in one pass: features once, one view snapshot, one decide.
+"""One decision per request, in one pass: features once, one view snapshot, one decide (with
+--cache-view probe, one gathered probe round between the features and the snapshot).
 
 A retry re-decides on the same features and the same snapshot with the failed workers marked
 unhealthy, so a retry never recomputes features or re-reads the cluster.
@@ -19,6 +20,7 @@ from smetric_router.core.types import ClusterView, Decision, RequestFeatures, Wo
 from smetric_router.policies import Policy
 from smetric_router.router.errors import RouterError
 from smetric_router.router.metrics import RouterMetrics
+from smetric_router.router.probe import Prober
 from smetric_router.router.workers import Role, Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,8 @@ class Features(Protocol):
         self, body: dict[str, Any], headers: Mapping[str, str] | None = None
     ) -> RequestFeatures: ...
 
+    def prompt_token_ids(self, body: Mapping[str, Any]) -> list[int]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Routed:
@@ -94,8 +98,10 @@ class Router:
         hits: HitIndex | None = None,
         text_tree: TextTree | None = None,
         role: Role = Role.WORKER,
+        prober: Prober | None = None,
     ) -> None:
-        """Decides among the registry's workers of `role` (one Router per PD side)."""
+        """Decides among the registry's workers of `role` (one Router per PD side). With a
+        prober, hits come from probing the workers (see probe()), not from `hits`."""
         self.policy = policy
         self.role = role
         self.registry = registry
@@ -104,6 +110,7 @@ class Router:
         self._features: tuple[int, Features] | None = None
         self.hits = hits
         self.text_tree = text_tree if policy.uses_text_tree else None
+        self.prober = prober
         self._tick = itertools.count()
 
     @property
@@ -124,8 +131,25 @@ class Router:
             return features.from_completion(body, headers)
         return features.from_generate(body, headers)
 
-    def route(self, features: RequestFeatures, model: str | None) -> Routed:
-        view = self.snapshot(features, model)
+    async def probe(
+        self, body: dict[str, Any], model: str | None
+    ) -> Mapping[str, tuple[int, int]] | None:
+        """Probe mode only (None otherwise): the healthy candidates' cached prefix of this prompt,
+        asked in one gathered round. Tokenizing the whole prompt is the price of this mode."""
+        if self.prober is None:
+            return None
+        urls = [w.url for w in self._serving(model) if w.healthy]
+        if not urls:
+            return {}
+        return await self.prober.hits(self.features.prompt_token_ids(body), urls)
+
+    def route(
+        self,
+        features: RequestFeatures,
+        model: str | None,
+        probed: Mapping[str, tuple[int, int]] | None = None,
+    ) -> Routed:
+        view = self.snapshot(features, model, probed)
         decision = self.decide(features, view)
         if self.text_tree is not None and features.text:
             self.text_tree.insert(features.text, decision.worker)
@@ -154,7 +178,13 @@ class Router:
             )
         return decision
 
-    def snapshot(self, features: RequestFeatures, model: str | None) -> ClusterView:
+    def snapshot(
+        self,
+        features: RequestFeatures,
+        model: str | None,
+        probed: Mapping[str, tuple[int, int]] | None = None,
+    ) -> ClusterView:
+        """probed: url -> (GPU hit, GPU-or-host hit) from probe(); else the KV-event index."""
         candidates = self._serving(model)
         if not candidates:
             what = "worker" if self.role is Role.WORKER else f"{self.role.value} worker"
@@ -162,7 +192,9 @@ class Router:
                 503, f"no {what} is registered", type_="server_error", code="no_worker_available"
             )
         hits: Mapping[str, tuple[int, int]] = {}
-        if self.hits is not None and features.page_hashes:
+        if probed is not None:
+            hits = probed
+        elif self.hits is not None and features.page_hashes:
             hits = self.hits.match(features.page_hashes, features.page_size)
         text_hits: Mapping[str, int] = {}
         if self.text_tree is not None and features.text:
