@@ -14,5 +14,6 @@ Under PD, replies also carry x-smetric-prefill-worker (x-smetric-worker names th
 Modules: cli (flags -> config.RouterConfig), app (routes, RouterState), routing (features ->
 view -> decision), proxy (forwarding, streaming, retries), pd (prefill/decode pair dispatch),
 workers (registry, roles, health, load), metrics (Prometheus), errors (OpenAI-style bodies), kv
-(what is needed of the KV-event hub), assemble (the real parts wired together).
+(what is needed of the KV-event hub), probe (--cache-view probe: hits asked of the workers'
+/smetric/prefix_match instead of the KV-event index), assemble (the real parts wired together).
 """
