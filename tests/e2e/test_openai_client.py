@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import openai
 import pytest
@@ -57,6 +59,18 @@ async def test_generate_with_turn_hint_and_bad_input(make_stack: StackFactory) -
             assert r.headers["x-smetric-reason"] == "first-turn-balance"
             home = r.headers["x-smetric-worker"]
             first = await r.json()
+        # KV events reach the router asynchronously: wait until it has indexed the first prompt.
+        prompt_pages = (first["meta_info"]["prompt_tokens"] - 1) // stack.spec.workers.page_size
+        assert prompt_pages >= 4
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while True:
+            async with http.get(f"{stack.url}/workers") as r:
+                pages = {w["url"]: w["kv_pages"]["gpu"] for w in (await r.json())["workers"]}
+            if pages[home] >= prompt_pages:
+                break
+            assert loop.time() < deadline, pages
+            await asyncio.sleep(0.05)
         # A hinted follow-up carrying the first prompt as its history sticks to its cache holder.
         body = {"text": "hello " * 40 + first["text"] + " more", "smetric": {"turn": 1},
                 "sampling_params": {"max_new_tokens": 4}}  # fmt: skip
