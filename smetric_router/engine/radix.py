@@ -44,16 +44,24 @@ class PageNode:
         "tokens",
     )
 
-    def __init__(self, page_hash: int, parent: PageNode | None, tokens: list[int]) -> None:
+    def __init__(
+        self,
+        page_hash: int,
+        parent: PageNode | None,
+        tokens: list[int],
+        last: int,
+        on_gpu: bool,
+        on_host: bool,
+    ) -> None:
         self.hash = page_hash
         self.parent = parent
         self.tokens = tokens
-        self.on_gpu = False
-        self.on_host = False
+        self.on_gpu = on_gpu
+        self.on_host = on_host
         self.children = 0  # children present in any tier
         self.gpu_children = 0
         self.lock = 0
-        self.last = 0
+        self.last = last
         self.alive = True
 
 
@@ -165,14 +173,18 @@ class RadixCache:
         added = 0
         host_cap = self.host_capacity
         no_tokens: list[int] = []  # token-free sequences share one empty list (never mutated)
+        # pages [tail, end) are all absent: none of them can be a host eviction candidate, so
+        # their host room is made in one batch, which evicts what page-by-page room would
+        tail = end
+        while tail > start and hashes[tail - 1] not in nodes:
+            tail -= 1
         node: PageNode | None = parent
-        for i in range(start, end):
+        for i in range(start, tail):
             h = hashes[i]
             node = nodes.get(h)
             if node is None:
-                node = PageNode(
-                    h, parent, list(tokens[i * ps : (i + 1) * ps]) if tokens else no_tokens
-                )
+                toks = list(tokens[i * ps : (i + 1) * ps]) if tokens else no_tokens
+                node = PageNode(h, parent, toks, stamp, False, False)
                 nodes[h] = node
                 if parent is not None:
                     parent.children += 1
@@ -200,6 +212,31 @@ class RadixCache:
             elif host_run:
                 host_run = []
             parent = node
+        if tail < end:
+            n_host = 0
+            if host_cap > 0:
+                self._evict_host_pages((end - tail) - (host_cap - self.host_used), host_removed)
+                n_host = max(min(end - tail, host_cap - self.host_used), 0)
+                self.host_used += n_host
+            host_end = tail + n_host  # as page by page: the first pages get the room there is
+            for i in range(tail, end):
+                h = hashes[i]
+                toks = list(tokens[i * ps : (i + 1) * ps]) if tokens else no_tokens
+                node = PageNode(h, parent, toks, stamp, True, i < host_end)
+                nodes[h] = node
+                if parent is not None:
+                    parent.children += 1
+                    parent.gpu_children += 1
+                parent = node
+            added += end - tail
+            if gpu_run:
+                gpu_run.extend(hashes[tail:end])
+            else:
+                gpu_runs.append((tail, list(hashes[tail:end])))
+            if n_host and host_run:
+                host_run.extend(hashes[tail:host_end])
+            elif n_host:
+                host_runs.append((tail, list(hashes[tail:host_end])))
         self.gpu_used += added
         if added and node is not None:
             # only the last page can be a GPU leaf; the others just got a GPU child
@@ -231,7 +268,7 @@ class RadixCache:
     def _host_room(self, removed: list[int]) -> bool:
         if self.host_used < self.host_capacity:
             return True
-        removed.extend(self._evict_host_one())
+        self._evict_host_pages(1, removed)
         return self.host_used < self.host_capacity
 
     # ---- eviction -----------------------------------------------------------------------------
@@ -276,16 +313,14 @@ class RadixCache:
 
     def evict_host(self, n_pages: int) -> list[KVCacheEvent]:
         removed: list[int] = []
-        while len(removed) < n_pages:
-            got = self._evict_host_one()
-            if not got:
-                break
-            removed.extend(got)
+        self._evict_host_pages(n_pages, removed)
         return [BlockRemoved(block_hashes=removed, medium=CPU_PINNED)] if removed else []
 
-    def _evict_host_one(self) -> list[int]:
+    def _evict_host_pages(self, n_pages: int, removed: list[int]) -> None:
+        """Evict up to n_pages host LRU pages (off the GPU, childless) into removed."""
         heap = self._host_heap
-        while heap:
+        nodes = self.nodes
+        while n_pages > 0 and heap:
             last, _, node = heapq.heappop(heap)
             if not (node.alive and node.on_host and not node.on_gpu and node.children == 0):
                 continue
@@ -294,9 +329,15 @@ class RadixCache:
                 continue
             node.on_host = False
             self.host_used -= 1
-            self._remove(node)
-            return [node.hash]
-        return []
+            node.alive = False
+            del nodes[node.hash]
+            removed.append(node.hash)
+            n_pages -= 1
+            parent = node.parent  # as _remove, inlined: this loop runs once per evicted page
+            if parent is not None:
+                parent.children -= 1
+                if parent.children == 0 and parent.on_host and not parent.on_gpu:
+                    self._push(heap, parent)
 
     def _remove(self, node: PageNode) -> None:
         node.alive = False

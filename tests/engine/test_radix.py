@@ -130,3 +130,41 @@ def test_clear() -> None:
     c.insert(a, ta, 0, 2)
     assert c.clear() == [AllBlocksCleared()]
     assert c.match(a) == ([], []) and c.gpu_used == 0 and c.host_used == 0
+
+
+def test_host_room_for_new_pages_evicts_in_lru_order_then_runs_out() -> None:
+    c = RadixCache(PS, gpu_pages=100, host_pages=4)
+    b, tb = seq(2, 2)
+    c.insert(b, tb, 0, 2)
+    c.evict_gpu(2)  # b is host-only
+    a, ta = seq(1, 3)
+    _, _, ev = c.insert(a, ta, 0, 3)  # two free host pages, then b's leaf makes room
+    assert ev == [
+        BlockRemoved([b[1]], CPU_PINNED),
+        BlockStored(a, None, ta, PS, None, GPU),
+        BlockStored(a, None, ta, PS, None, CPU_PINNED),
+    ]
+    d, td = seq(3, 3)
+    _, _, ev = c.insert(d, td, 0, 3)  # b[0] became a leaf and goes; then nothing is evictable
+    assert ev == [
+        BlockRemoved([b[0]], CPU_PINNED),
+        BlockStored(d, None, td, PS, None, GPU),
+        BlockStored(d[:1], None, td[:PS], PS, None, CPU_PINNED),
+    ]
+    assert c.host_used == 4 and [c.nodes[h].on_host for h in d] == [True, False, False]
+
+
+def test_insert_runs_span_loaded_and_new_pages() -> None:
+    c = RadixCache(PS, gpu_pages=100, host_pages=5)
+    a, ta = seq(1, 3)
+    c.insert(a, ta, 0, 3)
+    c.evict_gpu(2)  # a[1:] host-only
+    x = branch(a, 5, 3)
+    tx = ta + [7] * (3 * PS)
+    _, added, ev = c.insert(x, tx, 1, 6)  # load a[1:] back, then three new pages, room for two
+    assert added == 5
+    assert ev == [
+        BlockStored(x[1:], a[0], tx[PS:], PS, None, GPU),
+        BlockStored(x[3:5], a[2], tx[3 * PS : 5 * PS], PS, None, CPU_PINNED),
+    ]
+    assert c.match_len(x) == (6, 0) and c.host_used == 5
