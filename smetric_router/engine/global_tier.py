@@ -13,7 +13,11 @@ class GlobalTier:
         self.capacity_pages = (
             math.inf if math.isinf(capacity_tokens) else capacity_tokens // page_size
         )
-        self._pages: OrderedDict[int, None] = OrderedDict()
+        # unbounded: nothing is ever evicted, so no LRU order is kept (a set is much cheaper)
+        self._unbounded = math.isinf(self.capacity_pages)
+        self._set: set[int] = set()
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._pages: set[int] | OrderedDict[int, None] = self._set if self._unbounded else self._lru
 
     def __len__(self) -> int:
         return len(self._pages)
@@ -24,25 +28,26 @@ class GlobalTier:
     def lookup(self, page_hashes: Sequence[int]) -> int:
         """Leading pages present; they count as used (moved to most recent)."""
         n = self.peek(page_hashes)
-        for h in page_hashes[:n]:
-            self._pages.move_to_end(h)
+        if not self._unbounded:
+            for h in page_hashes[:n]:
+                self._lru.move_to_end(h)
         return n
 
     def peek(self, page_hashes: Sequence[int]) -> int:
         """Leading pages present, without touching the LRU order."""
+        pages = self._pages
         n = 0
         for h in page_hashes:
-            if h not in self._pages:
+            if h not in pages:
                 break
             n += 1
         return n
 
     def store(self, page_hashes: Sequence[int]) -> None:
-        pages = self._pages
-        if math.isinf(self.capacity_pages):
-            # nothing is ever evicted, so the LRU order does not matter: skip maintaining it
-            pages.update(dict.fromkeys(page_hashes))
+        if self._unbounded:
+            self._set.update(page_hashes)
             return
+        pages = self._lru
         for h in page_hashes:
             pages[h] = None
             pages.move_to_end(h)
