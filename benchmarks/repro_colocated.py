@@ -1,0 +1,597 @@
+"""The paper's PD-colocation figures on the simulator (issue 3): Figures 9, 11/16, 12, 14/24, 15, 25
+and the issue's acceptance table.
+
+    python -m benchmarks.repro_colocated {fig9,fig11,fig12,fig14,fig15,fig25,acceptance,all}
+
+One generated agentic trace (generated here if missing, see TRACE_CMD), its first LIMIT requests,
+32 instances of the default H20 + Qwen3-30B-A3B profile, the simulator's default SLO (TTFT 2 s +
+0.12 ms per input token, TPOT 30 ms; chosen before any policy result was looked at). Every run is
+one `Cluster.run` and is cached under CACHE (keyed by all its settings), so figures sharing runs
+(e.g. Fig 12 reads Fig 11's) cost nothing twice. Each figure writes benchmarks/results/figN.md and
+a PNG beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+import orjson
+
+from smetric_router.policies import make_policy
+from smetric_router.policies.base import PolicyParams
+from smetric_router.sim.cluster import Cluster, RunResult
+from smetric_router.sim.config import SimConfig
+from smetric_router.sim.metrics import summarize
+from smetric_router.traces.generate import GenConfig, generate
+from smetric_router.traces.loaders import load_trace
+from smetric_router.traces.schema import TraceRequest
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+WORK = Path("/tmp/smetric-repro")
+SESSIONS, SEED = 4000, 1
+TRACE = WORK / f"agentic-{SESSIONS}-s{SEED}.jsonl"
+TRACE_CMD = (
+    f"python -m smetric_router.traces generate --sessions {SESSIONS} --seed {SEED} --out {TRACE}"
+)
+# The generator starts 4,000 root sessions over ~13 min, then a thin tail of late turns and
+# hour-later resumes runs for 4 h; the first 8,000 requests (~9 min at rate scale 1) are the dense
+# part, so TPS is not diluted by hours of an idle cluster.
+LIMIT = 8000
+CACHE = WORK / "cache"
+RESULTS = Path(__file__).resolve().parent / "results"
+POLICIES = ("smetric", "bailian", "lmetric", "load_balance")
+BASE_RATE = 0.2  # rate scale "1.0x" of Fig 15: below the knee of every policy (see fig15.md)
+SWEEP = (1.0, 1.5, 1.75, 2.0)  # x BASE_RATE: Fig 15 and the max-TPS sweep, full global tier
+SHORT_SWEEP = (1.0, 1.5, 2.0)  # the max-TPS sweep at finite provisioning (CPU budget)
+RATIOS = (0.0, 1.6, math.inf)  # global / local capacity (Fig 11 / 16)
+AT = 1.5  # x BASE_RATE: the operating point of Figs 12, 14/24, 25 (the paper's Fig 17 uses 1.5x)
+WINDOW_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    policy: str
+    rate: float  # x BASE_RATE
+    ratio: float = math.inf
+    overload: float = 2.0
+    slack: float = 2.0
+    hit_ratio: float = 0.5
+
+    def key(self) -> str:
+        return (
+            f"{TRACE.stem}-l{LIMIT}-{self.policy}-r{self.rate * BASE_RATE:g}-g{self.ratio:g}"
+            f"-o{self.overload:g}-s{self.slack:g}-h{self.hit_ratio:g}"
+        )
+
+
+_trace: list[TraceRequest] = []
+
+
+def trace() -> list[TraceRequest]:
+    if not _trace:
+        if not TRACE.exists():
+            WORK.mkdir(parents=True, exist_ok=True)
+            generate(GenConfig(sessions=SESSIONS, seed=SEED), TRACE)
+        _trace.extend(load_trace(TRACE, "bailian")[:LIMIT])
+    return _trace
+
+
+def _imbalance(windows: Sequence[Sequence[float]], group: int, last: int) -> list[float]:
+    """max/mean per window of `group` x WINDOW_S, windows up to the one of the last arrival."""
+    out = []
+    for i in range(0, min(len(windows), last + 1), group):
+        load = np.sum(windows[i : i + group], axis=0)
+        if load.mean() > 0:
+            out.append(float(load.max() / load.mean()))
+    return out
+
+
+def _extra(res: RunResult) -> dict[str, Any]:
+    tpot = [
+        (r.finish - r.first_token) / (r.output_len - 1) * 1e3
+        for r in res.records
+        if r.first_token >= 0 and r.output_len > 1
+    ]
+    last = int(max(r.arrival for r in res.records) // WINDOW_S)
+    return {
+        "tpot_p95": float(np.percentile(tpot, 95)),
+        "imb30": _imbalance(res.window_tokens, 1, last),  # windows while requests arrive
+        "imb60": _imbalance(res.window_tokens, 2, last),
+        "dropped": sum(r.first_token < 0 for r in res.records),
+    }
+
+
+def run(spec: Spec) -> dict[str, Any]:
+    path = CACHE / f"{spec.key()}.json"
+    if path.exists():
+        cached: dict[str, Any] = orjson.loads(path.read_bytes())
+        return cached
+    params = PolicyParams(
+        overload=spec.overload, overload_slack=spec.slack, hit_ratio=spec.hit_ratio
+    )
+    cfg = SimConfig(params=params, global_ratio=spec.ratio, window_s=WINDOW_S)
+    reqs = trace()
+    t = time.perf_counter()
+    res = Cluster(cfg, make_policy(spec.policy, params), spec.ratio).run(
+        reqs, spec.rate * BASE_RATE
+    )
+    wall = time.perf_counter() - t
+    out = summarize(res, cfg.slo, spec.policy, spec.rate * BASE_RATE, spec.ratio)
+    out.update(_extra(res), wall_s=wall)
+    print(f"{spec.key()}: {wall:.0f} s, TPS@SLO {out['tps_within_slo']:.0f}", flush=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY))
+    return out
+
+
+def runs(specs: Sequence[Spec]) -> list[dict[str, Any]]:
+    return [run(s) for s in specs]
+
+
+def sweep(ratio: float) -> tuple[float, ...]:
+    return SWEEP if math.isinf(ratio) else SHORT_SWEEP
+
+
+def best(policy: str, ratio: float) -> dict[str, Any]:
+    """The policy's row with the max TPS within SLO over the rate sweep at this provisioning."""
+    rows = runs([Spec(policy, r, ratio) for r in sweep(ratio)])
+    return max(rows, key=lambda x: x["tps_within_slo"])
+
+
+# --- output helpers --------------------------------------------------------------------------
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def md_table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return lines
+
+
+def sim_time(rows: Sequence[dict[str, Any]]) -> str:
+    return f"{len(rows)} runs, {sum(r['wall_s'] for r in rows) / 60:.1f} min of simulation"
+
+
+def write(name: str, title: str, body: list[str], rows: Sequence[dict[str, Any]]) -> None:
+    head = [
+        f"# {title}",
+        "",
+        f"Command: `python -m benchmarks.repro_colocated {name}` "
+        f"({sim_time(rows)} on one core of the shared 2-core machine; cached runs are reused).",
+        "",
+        f"Setting: trace `{TRACE_CMD}`, first {LIMIT} requests; 32 instances, profile "
+        "h20-qwen3-coder-30b-a3b; SLO TTFT 2 s + 0.12 ms/input token, TPOT 30 ms (simulator "
+        f"default); rate scale 1.0x = {BASE_RATE} x the trace's arrival rate.",
+        "",
+    ]
+    (RESULTS / f"{name}.md").write_text("\n".join(head + body) + "\n")
+    print(f"wrote {RESULTS / name}.md")
+
+
+def save(fig: Any, name: str) -> str:
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
+    plt.close(fig)
+    return f"![{name}]({name}.png)"
+
+
+def cdf(ax: Any, values: Sequence[float], label: str) -> None:
+    xs = np.sort(values)
+    ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=label)
+
+
+# --- figures ---------------------------------------------------------------------------------
+
+
+def fig9() -> None:
+    rows = runs([Spec("load_balance", r) for r in SWEEP])
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    table = []
+    for r in rows:
+        v = r["imb60"]
+        cdf(ax, v, f"{r['rate_scale']:g}")
+        table.append(
+            (
+                f"{r['rate_scale']:g}",
+                len(v),
+                f"{np.median(v):.2f}",
+                f"{np.percentile(v, 90):.2f}",
+                f"{max(v):.2f}",
+                "1.7",
+                "< 2.4",
+            )
+        )
+    ax.set_xlabel("per-window (1 min) max/mean token load")
+    ax.set_ylabel("CDF of windows")
+    ax.legend(title="rate scale")
+    body = [
+        "Per-window (1 min) load imbalance, max/mean of the tokens each instance computed "
+        "(prefill computed + decode) in the window, under load_balance dispatch, fully provisioned "
+        "global tier. Windows from the first to the last arrival (the drain after the last "
+        "arrival is left out: the paper's trace never drains).",
+        "",
+        *md_table(
+            ("rate scale", "windows", "median", "P90", "worst", "paper median", "paper worst"),
+            table,
+        ),
+        "",
+        save(fig, "fig9"),
+        "",
+        "Differences from the paper's Fig 9: the paper replays the trace on an idealised cluster "
+        "dispatching by least in-flight tokens (prefill + decode) with recorded execution times; "
+        "here load_balance dispatches by least in-flight requests (the router's own load signal "
+        "in colocation) and execution comes from the engine model, so queueing feeds back into "
+        "load. The generated trace has ~33 requests/min/instance at rate scale 1 in its dense "
+        "part (paper: 43, never < 30); at the rate scales simulated here it is 7–13.",
+    ]
+    write("fig9", "Figure 9 — load imbalance under load-balancing dispatch", body, rows)
+
+
+def fig11() -> None:
+    cells = {(p, g): best(p, g) for g in RATIOS for p in POLICIES}
+    allrows = runs([Spec(p, r, g) for g in RATIOS for p in POLICIES for r in sweep(g)])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    w = 0.2
+    for i, p in enumerate(POLICIES):
+        a.bar(
+            np.arange(len(RATIOS)) + (i - 1.5) * w,
+            [cells[(p, g)]["tps_within_slo"] / 1e3 for g in RATIOS],
+            w,
+            label=p,
+        )
+        loc, glo = cells[(p, math.inf)]["local_hit_ratio"], cells[(p, math.inf)]["global_hit_ratio"]
+        b.bar(i, 100 * loc, color="C0", label="local" if i == 0 else None)
+        b.bar(i, 100 * glo, bottom=100 * loc, color="C1", label="global" if i == 0 else None)
+        b.bar(
+            i,
+            100 * (1 - loc - glo),
+            bottom=100 * (loc + glo),
+            color="0.85",
+            label="miss" if i == 0 else None,
+        )
+    a.set_xticks(range(len(RATIOS)), [f"{g:g}" for g in RATIOS])
+    a.set_xlabel("global / local capacity")
+    a.set_ylabel("max TPS within SLO (K tokens/s)")
+    a.legend()
+    b.set_xticks(range(len(POLICIES)), POLICIES)
+    b.set_ylabel("% of prompt tokens (full global tier)")
+    b.legend()
+    head = ("policy", *[f"global {g:g}" for g in RATIOS])
+    tps = [
+        (
+            p,
+            *[
+                f"{cells[(p, g)]['tps_within_slo']:.0f} @{cells[(p, g)]['rate_scale']:g}"
+                for g in RATIOS
+            ],
+        )
+        for p in POLICIES
+    ]
+    rel = []
+    for g in RATIOS:
+        base = max(cells[(p, g)]["tps_within_slo"] for p in POLICIES[1:])
+        rel.append(f"{cells[('smetric', g)]['tps_within_slo'] / base:.3f}")
+    split = [
+        (
+            p,
+            *[
+                f"{pct(cells[(p, g)]['local_hit_ratio'])} / "
+                f"{pct(cells[(p, g)]['global_hit_ratio'])} / {cells[(p, g)]['imbalance_mean']:.2f}"
+                for g in RATIOS
+            ],
+        )
+        for p in POLICIES
+    ]
+    body = [
+        "Max TPS within SLO (tokens/s) over the rate sweep "
+        f"{', '.join(f'{s:g}' for s in SWEEP)} x {BASE_RATE} (full global tier; "
+        f"{', '.join(f'{s:g}' for s in SHORT_SWEEP)} x at finite provisioning) per policy "
+        "and provisioning (`@` = the rate scale of the max):",
+        "",
+        *md_table(head, tps),
+        "| smetric / best baseline | " + " | ".join(rel) + " |",
+        "",
+        "Paper (Fig 16a): SMetric +10–16 % over the best baseline with a global store, within 1 % "
+        "of Bailian with none; Fig 11a: load-balance-only within 7 % of the strongest baseline "
+        "fully provisioned.",
+        "",
+        "Local hit / global hit / mean max-to-mean load at each policy's max-TPS point:",
+        "",
+        *md_table(head, split),
+        "",
+        "Paper: full global tier, reuse 73–75 % for all (Fig 11b), local hit SMetric 64 %, Bailian "
+        "65 % (Fig 16b); no/small global tier, local hit Bailian 58 %, LMetric 33 %, "
+        "load-balance-only 6 % (Fig 11b); imbalance SMetric 2.6x, Bailian 3.0x, LMetric 3.2x, "
+        "load-balance-only 2.0x (Fig 15b).",
+        "",
+        save(fig, "fig11"),
+    ]
+    write(
+        "fig11", "Figures 11 / 16 — max TPS within SLO vs global-tier provisioning", body, allrows
+    )
+
+
+def fig12() -> None:
+    rows = runs([Spec(p, r) for p in POLICIES for r in SWEEP])
+    at = {p: run(Spec(p, AT)) for p in POLICIES}
+    paper = {"bailian": "96.6 %", "load_balance": "4.0 %"}
+    table = [
+        (p, *[pct(r["followup_stickiness"]) for r in rows if r["policy"] == p], paper.get(p, "—"))
+        for p in POLICIES
+    ]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.bar(POLICIES, [100 * at[p]["followup_stickiness"] for p in POLICIES])
+    ax.set_ylabel(f"follow-ups on first-turn instance (%), rate {AT:g}x")
+    body = [
+        "Share of follow-up requests served by their session's first-turn instance, fully "
+        "provisioned global tier, per rate scale:",
+        "",
+        *md_table(("policy", *[f"{s:g}x" for s in SWEEP], "paper"), table),
+        "",
+        save(fig, "fig12"),
+    ]
+    write("fig12", "Figure 12 — follow-up stickiness", body, rows)
+
+
+def fig14() -> None:
+    basic = Spec("smetric", AT, overload=math.inf, slack=math.inf, hit_ratio=0.0)
+    rows = runs([Spec("smetric", AT), basic])
+    names = ("SMetric", "SMetric (basic)")
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for n, r in zip(names, rows, strict=True):
+        cdf(a, r["imb30"], n)
+    a.set_xlabel("per-window (30 s) max/mean token load")
+    a.set_ylabel("CDF of windows")
+    a.legend()
+    x = np.arange(3)
+    for i, (n, r) in enumerate(zip(names, rows, strict=True)):
+        b.bar(
+            x + (i - 0.5) * 0.35, [r["ttft_p90"], r["ttft_p99"], r["tpot_p95"] / 10], 0.35, label=n
+        )
+    b.set_xticks(x, ["P90 TTFT (s)", "P99 TTFT (s)", "P95 TPOT (10 ms)"])
+    b.legend()
+    qs = (50, 75, 90, 99, 100)
+    imb = [
+        (n, *[f"{np.percentile(r['imb30'], q):.2f}" for q in qs])
+        for n, r in zip(names, rows, strict=True)
+    ]
+    lat = [
+        (
+            n,
+            f"{r['ttft_p90']:.2f}",
+            f"{r['ttft_p99']:.2f}",
+            f"{r['tpot_p95']:.1f}",
+            f"{r['tps_within_slo']:.0f}",
+            pct(r["followup_stickiness"]),
+            pct(r["local_hit_ratio"]),
+        )
+        for n, r in zip(names, rows, strict=True)
+    ]
+    body = [
+        f"SMetric (OVERLOAD 2, slack 2, HIT_RATIO 0.5) vs SMetric (basic: `--overload inf "
+        f"--overload-slack inf --hit-ratio 0`), fully provisioned global tier, rate {AT:g}x.",
+        "",
+        "Per-window (30 s, from first to last arrival) imbalance percentiles (Fig 14):",
+        "",
+        *md_table(("", *[f"P{q}" if q < 100 else "max" for q in qs]), imb),
+        "",
+        "Paper (Fig 14): the pre-filter evens the windows above the 75th percentile.",
+        "",
+        *md_table(
+            ("", "P90 TTFT s", "P99 TTFT s", "P95 TPOT ms", "TPS@SLO", "sticky", "local hit"), lat
+        ),
+        "",
+        "Paper (Fig 24): 12.1 s / 45.3 s / 82.5 ms with guards vs 16.1 s / 51.2 s / 89.2 ms basic; "
+        "modest good-TPS gain.",
+        "",
+        save(fig, "fig14"),
+    ]
+    write("fig14", "Figures 14 / 24 — SMetric with and without the pre-filter guards", body, rows)
+
+
+def fig15() -> None:
+    specs = [Spec(p, r) for p in POLICIES for r in SWEEP]
+    rows = runs(specs)
+    by = {(s.policy, s.rate): r for s, r in zip(specs, rows, strict=True)}
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for p in POLICIES:
+        ax.plot(SWEEP, [by[(p, s)]["tps_within_slo"] / 1e3 for s in SWEEP], "o-", label=p)
+    ax.set_xlabel(f"request rate (x {BASE_RATE} trace rate)")
+    ax.set_ylabel("TPS within SLO (K tokens/s)")
+    ax.legend()
+    table = []
+    for s in SWEEP:
+        base = max(by[(p, s)]["tps_within_slo"] for p in POLICIES[1:])
+        table.append(
+            (
+                f"{s:g}x",
+                *[f"{by[(p, s)]['tps_within_slo']:.0f}" for p in POLICIES],
+                f"{by[('smetric', s)]['tps_within_slo'] / base:.3f}",
+            )
+        )
+    detail = [
+        (
+            p,
+            f"{s:g}x",
+            f"{r['tps']:.0f}",
+            f"{r['ttft_p50']:.2f} / {r['ttft_p90']:.2f}",
+            f"{r['tpot_p50']:.1f} / {r['tpot_p90']:.1f}",
+            pct(r["local_hit_ratio"]),
+            pct(r["global_hit_ratio"]),
+            f"{r['imbalance_mean']:.2f}",
+        )
+        for (p, s), r in by.items()
+    ]
+    body = [
+        "TPS within SLO (tokens/s) per policy and rate, fully provisioned global tier:",
+        "",
+        *md_table(("rate", *POLICIES, "smetric / best baseline"), table),
+        "",
+        "Paper (Fig 15a): within 1 % of the best baseline at 1.0x, +15 % at 1.5x, +4 % at 1.75x; "
+        "at 2.0x all drop, SMetric slowest. Fig 15b imbalance: SMetric 2.6x, Bailian 3.0x, "
+        "LMetric 3.2x, load-balance-only 2.0x.",
+        "",
+        save(fig, "fig15"),
+        "",
+        "Per run:",
+        "",
+        *md_table(
+            (
+                "policy",
+                "rate",
+                "TPS",
+                "TTFT p50/p90 s",
+                "TPOT p50/p90 ms",
+                "local",
+                "global",
+                "imbalance",
+            ),
+            detail,
+        ),
+    ]
+    write("fig15", "Figure 15 — rate sweep", body, rows)
+
+
+def fig25() -> None:
+    overloads = (1.0, 1.5, 2.0, 3.0, math.inf)
+    hits = (0.0, 0.25, 0.5, 0.75)
+    o_rows = runs([Spec("smetric", AT, overload=o) for o in overloads])
+    h_rows = runs([Spec("smetric", AT, hit_ratio=h) for h in hits])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, xs, rs, name in (
+        (axes[0], overloads, o_rows, "OVERLOAD"),
+        (axes[1], hits, h_rows, "HIT_RATIO"),
+    ):
+        lab = [f"{x:g}" for x in xs]
+        loc = [100 * r["local_hit_ratio"] for r in rs]
+        ax.bar(lab, loc, color="C0", label="local hit")
+        ax.bar(
+            lab,
+            [100 * r["global_hit_ratio"] for r in rs],
+            bottom=loc,
+            color="C1",
+            label="global hit",
+        )
+        ax.set_xlabel(name)
+        ax.set_ylabel("% of prompt tokens")
+        tw = ax.twinx()
+        tw.plot(lab, [r["tps_within_slo"] / 1e3 for r in rs], "ko-")
+        tw.set_ylabel("TPS within SLO (K tokens/s)")
+        ax.legend(loc="lower left")
+
+    def rows_of(xs: Sequence[float], rs: Sequence[dict[str, Any]], ref: float) -> list[Any]:
+        d = next(r for x, r in zip(xs, rs, strict=True) if x == ref)["tps_within_slo"]
+        return [
+            (
+                f"{x:g}",
+                f"{r['tps_within_slo']:.0f}",
+                f"{r['tps_within_slo'] / d - 1:+.1%}",
+                pct(r["local_hit_ratio"]),
+                pct(r["reuse_ratio"]),
+                f"{r['imbalance_mean']:.2f}",
+                pct(r["followup_stickiness"]),
+            )
+            for x, r in zip(xs, rs, strict=True)
+        ]
+
+    head = ("TPS@SLO", "vs default", "local hit", "reuse", "imbalance", "sticky")
+    body = [
+        f"SMetric, fully provisioned global tier, rate {AT:g}x; one parameter swept, the others at "
+        "their defaults (OVERLOAD 2, slack 2, HIT_RATIO 0.5).",
+        "",
+        *md_table(("OVERLOAD", *head), rows_of(overloads, o_rows, 2.0)),
+        "",
+        *md_table(("HIT_RATIO", *head), rows_of(hits, h_rows, 0.5)),
+        "",
+        "Paper (Fig 25): OVERLOAD 1.0–inf keeps TPS within 6 % of the default, hit ratio 75–76 %; "
+        "HIT_RATIO 0–0.75 keeps TPS within 4 %, hit ratio 75–76 %.",
+        "",
+        save(fig, "fig25"),
+    ]
+    write("fig25", "Figure 25 — OVERLOAD and HIT_RATIO sensitivity", body, o_rows + h_rows)
+
+
+def acceptance() -> None:
+    full = {p: best(p, math.inf) for p in POLICIES}
+    none = {p: best(p, 0.0) for p in POLICIES}
+    at = {p: run(Spec(p, AT)) for p in POLICIES}
+    top = max(POLICIES[1:], key=lambda p: full[p]["tps_within_slo"])
+    r_full = full["smetric"]["tps_within_slo"] / full[top]["tps_within_slo"]
+    r_none = none["smetric"]["tps_within_slo"] / none["bailian"]["tps_within_slo"]
+    st = {p: at[p]["followup_stickiness"] for p in POLICIES}
+    im = {p: at[p]["imbalance_mean"] for p in POLICIES}
+    ok = {True: "yes", False: "**no**"}
+    rows = [
+        (
+            "SMetric max TPS@SLO / best baseline, full global tier",
+            "≥ 1.10",
+            f"{r_full:.3f} (vs {top})",
+            ok[r_full >= 1.10],
+        ),
+        (
+            "SMetric max TPS@SLO / Bailian, no global tier",
+            "≥ 0.99",
+            f"{r_none:.3f}",
+            ok[r_none >= 0.99],
+        ),
+        ("stickiness bailian", "≥ 90 %", pct(st["bailian"]), ok[st["bailian"] >= 0.9]),
+        ("stickiness smetric", "≥ 90 %", pct(st["smetric"]), ok[st["smetric"] >= 0.9]),
+        (
+            "stickiness load_balance",
+            "≤ 10 %",
+            pct(st["load_balance"]),
+            ok[st["load_balance"] <= 0.1],
+        ),
+        (
+            "imbalance load_balance < smetric < bailian",
+            "ordered",
+            f"{im['load_balance']:.2f} / {im['smetric']:.2f} / {im['bailian']:.2f}",
+            ok[im["load_balance"] < im["smetric"] < im["bailian"]],
+        ),
+    ]
+    body = [
+        "Stickiness and imbalance (the simulator's `imbalance_mean`, 30 s windows) at rate "
+        f"{AT:g}x with the full global tier; TPS ratios are of maxima over the rate sweep.",
+        "",
+        *md_table(("check", "target", "measured", "met"), rows),
+    ]
+    write("acceptance", "Issue 3 acceptance", body, list(full.values()) + list(none.values()))
+
+
+# in the order `all` runs them: the shared full-tier sweep first, the widest sweep last but one
+FIGS: dict[str, Callable[[], None]] = {
+    "fig15": fig15,
+    "fig9": fig9,
+    "fig12": fig12,
+    "fig14": fig14,
+    "fig11": fig11,
+    "acceptance": acceptance,
+    "fig25": fig25,
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("figure", choices=(*FIGS, "all"))
+    args = ap.parse_args()
+    for name, fn in FIGS.items():
+        if args.figure in (name, "all"):
+            fn()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
