@@ -278,16 +278,13 @@ class Engine:
         n_in, n_out = r.n_in, r.n_out
         cacheable = r.hashes[: (n_in - 1) // ps]
         n_gpu, n_host = cache.match_len(cacheable)
-        nodes = cache.nodes
-        gpu = [nodes[h] for h in cacheable[:n_gpu]]
-        host = cacheable[n_gpu : n_gpu + n_host]
         if r.prefilled:
-            host = host[:0]  # the transferred KV lands on the GPU: nothing to load
+            n_host = 0  # the transferred KV lands on the GPU: nothing to load
         n_storage = 0
         if self.global_tier is not None and not r.prefilled:
-            n_storage = self.global_tier.peek(cacheable[len(gpu) + len(host) :])
-        need = -(-(n_in + n_out) // ps) - len(gpu)
-        deepest = gpu[-1] if gpu else None
+            n_storage = self.global_tier.peek(cacheable[n_gpu + n_host :])
+        need = -(-(n_in + n_out) // ps) - n_gpu
+        deepest = cache.nodes[cacheable[n_gpu - 1]] if n_gpu else None
         cache.lock(deepest)
         free = cache.gpu_capacity - cache.gpu_used - self._reserved
         if need > free:
@@ -303,21 +300,21 @@ class Engine:
             result.finished.append(r.req.rid)
             return 0.0
         if self.global_tier is not None and n_storage:
-            self.global_tier.lookup(cacheable[len(gpu) + len(host) :][:n_storage])
-        cache.touch(gpu)
+            self.global_tier.lookup(cacheable[n_gpu + n_host :][:n_storage])
+        cache.touch(deepest)
         r.admitted = True
         r.node = deepest
-        r.tree_pages = len(gpu)
+        r.tree_pages = n_gpu
         r.reserved = need
         self._reserved += need
-        hit = len(gpu) + len(host) + n_storage
+        hit = n_gpu + n_host + n_storage
         self._cache_pages(r, r.hashes, hit, result.kv_events)
         r.done = hit * ps
         if r.prefilled:
             self._cache_pages(r, r.hashes, len(r.hashes), result.kv_events)
             r.done = n_in
         self._running.append(r)
-        cached = CachedTokens(len(gpu) * ps, len(host) * ps, n_storage * ps)
+        cached = CachedTokens(n_gpu * ps, n_host * ps, n_storage * ps)
         result.scheduled.append((r.req.rid, cached))
         self._prompt_tokens += n_in
         self._cached_tokens += cached.total

@@ -133,10 +133,14 @@ class RadixCache:
             host += 1
         return lo, host
 
-    def touch(self, nodes: Sequence[PageNode]) -> None:
+    def touch(self, deepest: PageNode | None) -> None:
+        """Mark a matched prefix as just used: its deepest page and every page before it."""
         self._clock += 1
-        for node in nodes:
-            node.last = self._clock
+        stamp = self._clock
+        node = deepest
+        while node is not None:
+            node.last = stamp
+            node = node.parent
 
     def lock(self, node: PageNode | None) -> None:
         if node is not None:

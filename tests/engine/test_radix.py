@@ -54,7 +54,7 @@ def test_lru_evicts_least_recent_leaves_first() -> None:
     b, tb = seq(2, 3)
     c.insert(a, ta, 0, 3)
     c.insert(b, tb, 0, 3)
-    c.touch(c.match(a)[0])  # a is now more recent than b
+    c.touch(c.match(a)[0][-1])  # a is now more recent than b
     ev = c.evict_gpu(2)
     assert ev == [BlockRemoved([b[2], b[1]], GPU)]  # leaf first, then its parent
     ev = c.evict_gpu(10)
