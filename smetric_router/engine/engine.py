@@ -94,6 +94,9 @@ class Engine:
         self._cached_tokens = 0
         self._uncached_total = 0
         self._recent: deque[tuple[float, int]] = deque(maxlen=_THROUGHPUT_WINDOW)
+        # the last step_many run (batch, KV tokens at its start, steps), not yet in _recent: only
+        # load() reads the window, and the simulator never calls it
+        self._pending_run: tuple[int, int, int] | None = None
         # set when the queue head did not fit; cleared when a request releases its pages
         self._admission_blocked = False
         # global tier -> GPU seconds for a number of tokens; the simulator swaps in a shared link
@@ -212,6 +215,7 @@ class Engine:
             self._finish(r, events)
             result.finished.append(r.req.rid)
         emitted = sum(n for _, n in result.emitted)
+        self._flush_run()
         self._recent.append((result.duration, emitted))
         return result
 
@@ -264,11 +268,20 @@ class Engine:
         for r in self._running:
             r.emitted += k
             result.emitted.append((r.req.rid, k))
-        # the throughput window sees the last steps of the run one by one, as step() would
-        first = max(k - _THROUGHPUT_WINDOW, 0)
-        for j in range(first, k):
-            self._recent.append((timing.step_seconds((), n, kv + j * n), n))
+        if k < _THROUGHPUT_WINDOW:
+            self._flush_run()  # else this run alone fills the window
+        self._pending_run = (n, kv, k)
         return result
+
+    def _flush_run(self) -> None:
+        """Put the pending run's last steps into the throughput window one by one, as step()
+        would have."""
+        if self._pending_run is None:
+            return
+        n, kv, k = self._pending_run
+        self._pending_run = None
+        for j in range(max(k - _THROUGHPUT_WINDOW, 0), k):
+            self._recent.append((self.timing.step_seconds((), n, kv + j * n), n))
 
     def _admit(self, r: _Req, result: StepResult) -> float | None:
         """Admit r if its pages fit, evicting cache as needed: the seconds its cache loads take,
@@ -389,6 +402,7 @@ class Engine:
         ps = self.config.page_size
         used = sum(r.done + r.emitted for r in self._running)
         total = self.cache.gpu_capacity * ps
+        self._flush_run()
         seconds = sum(d for d, _ in self._recent)
         tokens = sum(n for _, n in self._recent)
         return LoadSnapshot(

@@ -26,15 +26,18 @@ def _requests(n: int, seed: int) -> list[tuple[float, EngineRequest]]:
     return out
 
 
-def _run(fast: bool, seed: int) -> tuple[dict[str, float], dict[str, float], int]:
+def _run(fast: bool, seed: int) -> tuple[dict[str, float], dict[str, float], int, list[float]]:
     cfg = EngineConfig(gpu_kv_tokens=60_000, max_running_requests=24, chunked_prefill_size=2048)
     eng = Engine(cfg)
     arrivals = _requests(120, seed)
     first: dict[str, float] = {}
     done: dict[str, float] = {}
     t, i, calls = 0.0, 0, 0
+    throughput: list[float] = []  # gen_throughput seen at every third arrival
     while i < len(arrivals) or eng.has_work():
         while i < len(arrivals) and arrivals[i][0] <= t:
+            if i % 3 == 0:
+                throughput.append(eng.load().gen_throughput)
             eng.add_request(arrivals[i][1])
             i += 1
         if not eng.has_work():
@@ -48,18 +51,19 @@ def _run(fast: bool, seed: int) -> tuple[dict[str, float], dict[str, float], int
             first.setdefault(rid, t)
         for rid in res.finished:
             done[rid] = t
-    return first, done, calls
+    return first, done, calls, throughput
 
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_step_many_matches_single_steps(seed: int) -> None:
-    first_a, done_a, calls_a = _run(False, seed)
-    first_b, done_b, calls_b = _run(True, seed)
+    first_a, done_a, calls_a, tput_a = _run(False, seed)
+    first_b, done_b, calls_b, tput_b = _run(True, seed)
     assert done_a.keys() == done_b.keys() and len(done_a) == 120
     for rid in done_a:
         assert done_b[rid] == pytest.approx(done_a[rid], rel=1e-9)
         assert first_b[rid] == pytest.approx(first_a[rid], rel=1e-9)
     assert calls_b < calls_a / 3  # the point of it
+    assert tput_b == pytest.approx(tput_a, rel=1e-9) and max(tput_a) > 0
 
 
 def test_step_many_stops_at_the_first_step_reaching_until() -> None:
@@ -102,7 +106,7 @@ def test_match_len_agrees_with_match_under_eviction(host: int) -> None:
             eng.step()
         probe = req.page_hashes or []
         for cut in (len(probe), len(probe) // 2, 3):
-            gpu, host = eng.cache.match(probe[:cut])
-            assert eng.cache.match_len(probe[:cut]) == (len(gpu), len(host))
-            checked += bool(gpu or host)
+            on_gpu, on_host = eng.cache.match(probe[:cut])
+            assert eng.cache.match_len(probe[:cut]) == (len(on_gpu), len(on_host))
+            checked += bool(on_gpu or on_host)
     assert checked > 50
