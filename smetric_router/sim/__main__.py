@@ -89,6 +89,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--overload", type=float, default=d.overload)
     p.add_argument("--overload-slack", type=float, default=d.overload_slack)
     p.add_argument("--hit-ratio", type=float, default=d.hit_ratio)
+    p.add_argument(
+        "--bailian-lambda",
+        type=float,
+        default=d.bailian_lambda,
+        help="bailian: weight of the cache-miss term against the normalised load term",
+    )
     # PD mode (sim/pd.py)
     p.add_argument(
         "--pd", action="store_true", help="PD disaggregation: simulate the prefill instances only"
@@ -150,7 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     try:
         params = PolicyParams(
-            overload=args.overload, overload_slack=args.overload_slack, hit_ratio=args.hit_ratio
+            overload=args.overload,
+            overload_slack=args.overload_slack,
+            hit_ratio=args.hit_ratio,
+            bailian_lambda=args.bailian_lambda,
         )
         for name in policies:
             if make_policy(name, params).uses_text_tree and args.pd:
