@@ -104,11 +104,30 @@ class RadixCache:
         """The lengths of match(hashes), without building lists. GPU residency is prefix-closed,
         so the GPU run is found by bisection. With a host tier larger than the GPU tier, a host
         page can always be evicted to make room, so every page gets a host copy when inserted
-        and leaves the tree only as a leaf: then the pages present are prefix-closed too and the
-        host run is bisected as well. Otherwise it is scanned (a host-only page can outlive its
-        parent there)."""
+        and leaves the tree only as a leaf: then the pages present are prefix-closed too, and
+        the present run is bisected first; the GPU run is most often all of it, which one look
+        at its last page tells. Otherwise the host run is scanned (a host-only page can outlive
+        its parent there)."""
         nodes = self.nodes
-        lo, hi = 0, len(hashes)  # hashes[:lo] are on the GPU, hashes[hi:] are not
+        if self.host_capacity > self.gpu_capacity:
+            end, hi = 0, len(hashes)  # hashes[:end] are present, hashes[hi:] are not
+            while end < hi:
+                mid = (end + hi + 1) >> 1
+                if hashes[mid - 1] in nodes:
+                    end = mid
+                else:
+                    hi = mid - 1
+            if end == 0 or nodes[hashes[end - 1]].on_gpu:
+                return end, 0
+            lo, hi = 0, end - 1  # hashes[:lo] are on the GPU, hashes[hi:] are not
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if nodes[hashes[mid - 1]].on_gpu:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo, end - lo
+        lo, hi = 0, len(hashes)
         while lo < hi:
             mid = (lo + hi + 1) >> 1
             node = nodes.get(hashes[mid - 1])
@@ -116,15 +135,6 @@ class RadixCache:
                 lo = mid
             else:
                 hi = mid - 1
-        if self.host_capacity > self.gpu_capacity:
-            end, hi = lo, len(hashes)  # hashes[:end] are present, hashes[hi:] are not
-            while end < hi:
-                mid = (end + hi + 1) >> 1
-                if hashes[mid - 1] in nodes:
-                    end = mid
-                else:
-                    hi = mid - 1
-            return lo, end - lo
         host = 0
         for i in range(lo, len(hashes)):
             node = nodes.get(hashes[i])
