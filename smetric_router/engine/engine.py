@@ -52,6 +52,15 @@ from smetric_router.features.hashing import ChainState, block_hash, page_digests
 _THROUGHPUT_WINDOW = 32  # steps averaged for gen_throughput
 
 
+@dataclass(frozen=True, slots=True)
+class _DecodeRun:
+    """k pure-decode steps of n requests from kv KV tokens (an entry of the throughput window)."""
+
+    n: int
+    kv: int
+    k: int
+
+
 @dataclass(slots=True)
 class _Req:
     req: EngineRequest
@@ -93,10 +102,8 @@ class Engine:
         self._prompt_tokens = 0
         self._cached_tokens = 0
         self._uncached_total = 0
-        self._recent: deque[tuple[float, int]] = deque(maxlen=_THROUGHPUT_WINDOW)
-        # the last step_many run (batch, KV tokens at its start, steps), not yet in _recent: only
-        # load() reads the window, and the simulator never calls it
-        self._pending_run: tuple[int, int, int] | None = None
+        # (seconds, tokens) per step, or a whole decode run; each entry is at least one step
+        self._recent: deque[tuple[float, int] | _DecodeRun] = deque(maxlen=_THROUGHPUT_WINDOW)
         # set when the queue head did not fit; cleared when a request releases its pages
         self._admission_blocked = False
         # global tier -> GPU seconds for a number of tokens; the simulator swaps in a shared link
@@ -215,7 +222,6 @@ class Engine:
             self._finish(r, events)
             result.finished.append(r.req.rid)
         emitted = sum(n for _, n in result.emitted)
-        self._flush_run()
         self._recent.append((result.duration, emitted))
         return result
 
@@ -268,20 +274,26 @@ class Engine:
         for r in self._running:
             r.emitted += k
             result.emitted.append((r.req.rid, k))
-        if k < _THROUGHPUT_WINDOW:
-            self._flush_run()  # else this run alone fills the window
-        self._pending_run = (n, kv, k)
+        self._recent.append(_DecodeRun(n, kv, k))
         return result
 
-    def _flush_run(self) -> None:
-        """Put the pending run's last steps into the throughput window one by one, as step()
-        would have."""
-        if self._pending_run is None:
-            return
-        n, kv, k = self._pending_run
-        self._pending_run = None
-        for j in range(max(k - _THROUGHPUT_WINDOW, 0), k):
-            self._recent.append((self.timing.step_seconds((), n, kv + j * n), n))
+    def _throughput_window(self) -> list[tuple[float, int]]:
+        """(seconds, tokens) of the last _THROUGHPUT_WINDOW steps, oldest first. Decode runs are
+        expanded into their steps only here: only load() reads the window, and the simulator
+        never calls it."""
+        steps: list[tuple[float, int]] = []  # newest first
+        for entry in reversed(self._recent):
+            if isinstance(entry, _DecodeRun):
+                n, kv, k = entry.n, entry.kv, entry.k
+                take = min(k, _THROUGHPUT_WINDOW - len(steps))
+                for j in range(k - 1, k - take - 1, -1):
+                    steps.append((self.timing.step_seconds((), n, kv + j * n), n))
+            else:
+                steps.append(entry)
+            if len(steps) >= _THROUGHPUT_WINDOW:
+                break
+        steps.reverse()
+        return steps
 
     def _admit(self, r: _Req, result: StepResult) -> float | None:
         """Admit r if its pages fit, evicting cache as needed: the seconds its cache loads take,
@@ -402,9 +414,9 @@ class Engine:
         ps = self.config.page_size
         used = sum(r.done + r.emitted for r in self._running)
         total = self.cache.gpu_capacity * ps
-        self._flush_run()
-        seconds = sum(d for d, _ in self._recent)
-        tokens = sum(n for _, n in self._recent)
+        window = self._throughput_window()
+        seconds = sum(d for d, _ in window)
+        tokens = sum(n for _, n in window)
         return LoadSnapshot(
             num_running_reqs=len(self._running),
             num_waiting_reqs=len(self._waiting),
