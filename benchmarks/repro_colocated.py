@@ -1,7 +1,7 @@
 """The paper's PD-colocation figures on the simulator (issue 3): Figures 9, 11/16, 12, 14/24, 15, 25
 and the issue's acceptance table.
 
-    python -m benchmarks.repro_colocated {fig9,fig11,fig12,fig14,fig15,fig25,acceptance,all}
+    python -m benchmarks.repro_colocated {fig9,fig11,fig12,fig14,fig15,fig25,acceptance,all,reuse}
 
 One generated agentic trace (generated here if missing, see TRACE_CMD), its first LIMIT requests,
 32 instances of the default H20 + Qwen3-30B-A3B profile, the simulator's default SLO (TTFT 2 s +
@@ -202,10 +202,10 @@ def fig9() -> None:
     table = []
     for r in rows:
         v = r["imb60"]
-        cdf(ax, v, f"{r['rate_scale']:g}")
+        cdf(ax, v, f"{r['rate_scale'] / BASE_RATE:g}x")
         table.append(
             (
-                f"{r['rate_scale']:g}",
+                f"{r['rate_scale'] / BASE_RATE:g}x",
                 len(v),
                 f"{np.median(v):.2f}",
                 f"{np.percentile(v, 90):.2f}",
@@ -274,7 +274,8 @@ def fig11() -> None:
         (
             p,
             *[
-                f"{cells[(p, g)]['tps_within_slo']:.0f} @{cells[(p, g)]['rate_scale']:g}"
+                f"{cells[(p, g)]['tps_within_slo']:.0f} "
+                f"@{cells[(p, g)]['rate_scale'] / BASE_RATE:g}x"
                 for g in RATIOS
             ],
         )
@@ -571,6 +572,35 @@ def acceptance() -> None:
     write("acceptance", "Issue 3 acceptance", body, list(full.values()) + list(none.values()))
 
 
+def reuse() -> None:
+    """Prompt tokens in a leading prefix shared with the session's previous request vs with an
+    earlier request of another session (what any instance holding that content can serve)."""
+    first: dict[int, str] = {}  # block id -> first session that sent it
+    shared: set[int] = set()  # block ids sent by two or more sessions
+    prev: dict[str, tuple[int, ...]] = {}
+    total = own = other = 0
+    for r in trace():
+        p = prev.get(r.session, ())
+        pairs = enumerate(zip(r.block_ids, p, strict=False))
+        n_own = next((i for i, (x, y) in pairs if x != y), min(len(p), len(r.block_ids)))
+        n_other = 0
+        for x in r.block_ids:
+            if first.get(x, r.session) == r.session and x not in shared:
+                break
+            n_other += 1
+        total += r.input_len
+        own += min(n_own * r.block_size, r.input_len)
+        other += min(n_other * r.block_size, r.input_len)
+        for x in r.block_ids:
+            if first.setdefault(x, r.session) != r.session:
+                shared.add(x)
+        prev[r.session] = r.block_ids
+    print(
+        f"{total} prompt tokens: {own / total:.1%} shared with the session's previous request, "
+        f"{other / total:.1%} with an earlier request of another session"
+    )
+
+
 # in the order `all` runs them: the shared full-tier sweep first, the widest sweep last but one
 FIGS: dict[str, Callable[[], None]] = {
     "fig15": fig15,
@@ -585,8 +615,10 @@ FIGS: dict[str, Callable[[], None]] = {
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("figure", choices=(*FIGS, "all"))
+    ap.add_argument("figure", choices=(*FIGS, "all", "reuse"))
     args = ap.parse_args()
+    if args.figure == "reuse":  # a diagnostic of the trace, no figure
+        reuse()
     for name, fn in FIGS.items():
         if args.figure in (name, "all"):
             fn()
