@@ -3,7 +3,9 @@
 Each session has a shared system prompt, its own task, and then turns in which the agent appends the
 model's reply and a tool result and asks again — the request shape of a coding agent. The report
 says where first turns went, how often a follow-up landed on its previous turn's worker, and whether
-the worker's reported cached_tokens covered the carried history.
+the worker's reported cached_tokens covered the carried history. Under PD disaggregation the worker
+is the prefill instance, and cached_tokens cover the previous prompt but not the previous reply
+(it was generated on a decode instance), so the covered share is expected to be low there.
 
     python -m smetric_router.loadgen.sessions --url http://127.0.0.1:30000 --sessions 16 --turns 5
 """
@@ -72,6 +74,11 @@ class SessionReport:
         }
 
 
+def _placed_on(headers: Any) -> str:
+    # Under PD the session's cache lives on its prefill instance; the decode side holds no history.
+    return str(headers.get("x-smetric-prefill-worker") or headers.get("x-smetric-worker", ""))
+
+
 def history_tokens(codec: ChatCodec, messages: list[dict[str, Any]], page_size: int) -> int:
     """Tokens before the newly appended turn, minus the newline after the last reply (never cached),
     rounded down to a page: what a worker that served the previous turn must report as cached."""
@@ -121,7 +128,7 @@ async def run_session(
         details = usage.prompt_tokens_details if usage else None
         cached = (details.cached_tokens or 0) if details else 0
         hist = history_tokens(codec, messages, page_size) if turn else 0
-        out.append(TurnRecord(sid, turn, raw.headers.get("x-smetric-worker", ""),
+        out.append(TurnRecord(sid, turn, _placed_on(raw.headers),
                               raw.headers.get("x-smetric-reason", ""), cached, hist))  # fmt: skip
         messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
         messages.append({"role": "user", "content": "Tool result: " + _words(rng, 80)})
