@@ -104,6 +104,29 @@ def _block_text(block_ids: Sequence[int]) -> str:
     return "".join(chr(0x4000 + (b >> 14 & 0x3FFF)) + chr(0x4000 + (b & 0x3FFF)) for b in block_ids)
 
 
+def engine_setup(
+    cfg: SimConfig, timing: TimingModel, global_ratio: float
+) -> tuple[EngineConfig, GlobalTier | None]:
+    """Every instance's engine config and the global tier they share (colocated and PD runs).
+
+    The tier holds global_ratio x the instances' local (GPU + host) capacity; 0 means none.
+    """
+    gpu = cfg.gpu_kv_tokens if cfg.gpu_kv_tokens is not None else timing.gpu_kv_tokens
+    host = cfg.host_kv_tokens if cfg.host_kv_tokens is not None else timing.host_kv_tokens
+    ecfg = EngineConfig(
+        page_size=cfg.page_size,
+        gpu_kv_tokens=gpu,
+        host_kv_tokens=host,
+        chunked_prefill_size=cfg.chunked_prefill_size,
+        max_running_requests=cfg.max_running_requests,
+        profile=cfg.profile,
+    )
+    if global_ratio <= 0:
+        return ecfg, None
+    capacity = global_ratio * cfg.instances * (gpu + host)
+    return ecfg, GlobalTier(capacity if not math.isnan(capacity) else math.inf, cfg.page_size)
+
+
 class Cluster:
     def __init__(
         self,
@@ -115,22 +138,7 @@ class Cluster:
         self.cfg = cfg
         self.policy = policy
         self.timing = timing or TimingModel.load(cfg.profile)
-        gpu = cfg.gpu_kv_tokens if cfg.gpu_kv_tokens is not None else self.timing.gpu_kv_tokens
-        host = cfg.host_kv_tokens if cfg.host_kv_tokens is not None else self.timing.host_kv_tokens
-        ecfg = EngineConfig(
-            page_size=cfg.page_size,
-            gpu_kv_tokens=gpu,
-            host_kv_tokens=host,
-            chunked_prefill_size=cfg.chunked_prefill_size,
-            max_running_requests=cfg.max_running_requests,
-            profile=cfg.profile,
-        )
-        capacity = global_ratio * cfg.instances * (gpu + host)
-        self.global_tier = (
-            GlobalTier(capacity if not math.isnan(capacity) else math.inf, cfg.page_size)
-            if global_ratio > 0
-            else None
-        )
+        ecfg, self.global_tier = engine_setup(cfg, self.timing, global_ratio)
         links = [
             _Link(cfg.server_link_bytes_per_s)
             for _ in range(-(-cfg.instances // cfg.gpus_per_server))

@@ -33,12 +33,11 @@ from typing import Any
 import numpy as np
 
 from smetric_router.core.types import ClusterView, RequestFeatures, WorkerView
-from smetric_router.engine.api import EngineConfig, EngineRequest, StepResult
+from smetric_router.engine.api import EngineRequest, StepResult
 from smetric_router.engine.engine import Engine
-from smetric_router.engine.global_tier import GlobalTier
 from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
-from smetric_router.sim.cluster import RequestRecord
+from smetric_router.sim.cluster import RequestRecord, engine_setup
 from smetric_router.sim.config import SimConfig, Slo
 from smetric_router.sim.pages import PageMapper
 from smetric_router.traces.schema import TraceRequest
@@ -100,22 +99,7 @@ class PdCluster:
         self.cfg = cfg
         self.policy = policy
         self.timing = timing or TimingModel.load(cfg.profile)
-        gpu = cfg.gpu_kv_tokens if cfg.gpu_kv_tokens is not None else self.timing.gpu_kv_tokens
-        host = cfg.host_kv_tokens if cfg.host_kv_tokens is not None else self.timing.host_kv_tokens
-        ecfg = EngineConfig(
-            page_size=cfg.page_size,
-            gpu_kv_tokens=gpu,
-            host_kv_tokens=host,
-            chunked_prefill_size=cfg.chunked_prefill_size,
-            max_running_requests=cfg.max_running_requests,
-            profile=cfg.profile,
-        )
-        capacity = global_ratio * cfg.instances * (gpu + host)
-        self.global_tier = (
-            GlobalTier(capacity if not math.isnan(capacity) else math.inf, cfg.page_size)
-            if global_ratio > 0
-            else None
-        )
+        ecfg, self.global_tier = engine_setup(cfg, self.timing, global_ratio)
         n_links = -(-cfg.instances // cfg.gpus_per_server)
         link_free = [0.0] * n_links  # when each server's NIC is next free
         self.instances: list[_Prefill] = []
