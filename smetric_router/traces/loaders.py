@@ -61,13 +61,7 @@ def _records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     for no, raw in enumerate(data.splitlines(), start=1):
         if not raw.strip():
             continue
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise TraceError(path, no, f"not valid JSON ({exc})") from exc
-        if not isinstance(obj, dict):
-            raise TraceError(path, no, "expected a JSON object")
-        out.append((no, obj))
+        out.append((no, _parse_line(path, no, raw)))
     if not out:
         raise TraceError(path, None, "no requests in the file")
     return out
@@ -243,19 +237,23 @@ def detect_format(path: str | Path) -> Format:
     raise TraceError(path, no, "unknown trace format (no chat_id or hash_ids/timestamp fields)")
 
 
+def _parse_line(path: str | Path, no: int, raw: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise TraceError(path, no, f"not valid JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise TraceError(path, no, "expected a JSON object")
+    return obj
+
+
 def _first_record(path: str | Path) -> tuple[int, dict[str, Any]]:
     try:
         with Path(path).open("rb") as f:
             for no, raw in enumerate(f, start=1):
                 if not raw.strip():
                     continue
-                try:
-                    obj = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    raise TraceError(path, no, f"not valid JSON ({exc})") from exc
-                if not isinstance(obj, dict):
-                    raise TraceError(path, no, "expected a JSON object")
-                return no, obj
+                return no, _parse_line(path, no, raw)
     except OSError as exc:
         raise TraceError(path, None, f"cannot read: {exc.strerror or exc}") from exc
     raise TraceError(path, None, "no requests in the file")
