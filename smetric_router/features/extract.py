@@ -49,9 +49,6 @@ class _Lru(Generic[K, V]):
         if len(self._data) > self._capacity:
             self._data.popitem(last=False)
 
-    def pop(self, key: K) -> None:
-        self._data.pop(key, None)
-
     def __len__(self) -> int:
         return len(self._data)
 
@@ -149,15 +146,13 @@ class FeatureExtractor:
         message's <|im_end|> (what the worker that produced it cached), 0 on turn 0."""
         messages = _messages(body)
         n = len(messages)
-        start, prefix, tip_key = self._known_prefix(messages)
+        start, prefix, known = self._known_prefix(messages)
         for i in range(start, n):
             prefix = self._extend(prefix, messages[i], i)
         if start < n:
-            self._tips.put((n, _peek(messages[-1])), (prefix, list(messages)))
-            if tip_key is not None:
-                # The follow-up supersedes its previous turn: keeping one tip per conversation
-                # keeps the retained message objects linear in the live conversations' size.
-                self._tips.pop(tip_key)
+            # The known part is kept as the earlier request's objects: tips of one conversation
+            # share its message texts, so the memory they retain stays linear in its size.
+            self._tips.put((n, _peek(messages[-1])), (prefix, known + messages[start:]))
         final, tail = prefix.chain.extend(self._generation_prompt)
         hashes = prefix.page_hashes()
         hashes.extend(tail)
@@ -171,17 +166,16 @@ class FeatureExtractor:
             model=_model(body),
         )
 
-    def _known_prefix(self, messages: list[Any]) -> tuple[int, _Prefix, tuple[int, int] | None]:
+    def _known_prefix(self, messages: list[Any]) -> tuple[int, _Prefix, list[Any]]:
         """The longest earlier request that this one extends (a follow-up appends a few
         messages), confirmed by comparing the message lists in C: no per-message Python work
         and no hashing over the history."""
         n = len(messages)
         for k in range(n, max(0, n - _APPENDED), -1):
-            key = (k, _peek(messages[k - 1]))
-            tip = self._tips.get(key)
+            tip = self._tips.get((k, _peek(messages[k - 1])))
             if tip is not None and tip[1] == messages[:k]:
-                return k, tip[0], key
-        return 0, self._root, None
+                return k, tip[0], tip[1]
+        return 0, self._root, []
 
     def _extend(self, prefix: _Prefix, message: Any, index: int) -> _Prefix:
         role = message_role(message, index)

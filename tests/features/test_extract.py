@@ -115,12 +115,16 @@ def test_follow_up_tokenizes_only_new_messages(codec: ChatCodec) -> None:
     assert counting.encoded == []
 
 
-def test_one_conversation_keeps_one_tip(codec: ChatCodec) -> None:
-    # Each follow-up supersedes its previous turn, so retained messages do not pile up per turn.
+def test_tips_of_one_conversation_share_its_messages(codec: ChatCodec) -> None:
+    # Every request is parsed anew, yet the retained history is held once, not once per turn.
     extractor = FeatureExtractor(codec, page_size=16)
-    for messages in agent_turns(codec, 6, seed=9):
+    requests = agent_turns(codec, 6, seed=9)
+    for messages in requests:
         extractor.from_chat(orjson.loads(orjson.dumps({"messages": messages})))
-    assert len(extractor._tips) == 1
+    kept = [tip[1] for tip in extractor._tips._data.values()]
+    assert len(kept) == len(requests)
+    first = kept[0]
+    assert all(later[i] is first[i] for later in kept[1:] for i in range(len(first)))
 
 
 def test_token_runs_are_shared_across_prefixes(codec: ChatCodec) -> None:
