@@ -194,8 +194,8 @@ def header(iterations: int) -> str:
             "Tokenizing the new messages dominates: HF `tokenizers` costs about 2 us per token on "
             "this machine, so the total scales with the size of what the turn appends, not with "
             "the history. KvIndex.match binary-searches the prefix length for all 32 workers at "
-            "once (workers x log2(pages) lookups). The machine was shared with other jobs while "
-            "this ran (load average near 3 on 2 cores), which shows in the p90 column.",
+            "once (workers x log2(pages) lookups). Load average when this run started: "
+            f"{os.getloadavg()[0]:.2f} on 2 cores (other jobs show in the p90 column).",
             "",
         ]
     )
