@@ -20,7 +20,8 @@ SMALL = SimConfig(instances=4, gpu_kv_tokens=1 << 16, host_kv_tokens=0)
 
 
 def _sessions(n_sessions: int, turns: int, gap_s: float = 5.0) -> list[TraceRequest]:
-    """Sessions sharing a 4-block system prompt; each turn re-sends the history plus 20 blocks."""
+    """Sessions sharing a 4-block system prompt; each turn re-sends the history plus 20 blocks.
+    First turns arrive 10 ms apart, so they are all in flight together."""
     out = []
     for s in range(n_sessions):
         blocks: tuple[int, ...] = (0, 1, 2, 3)
@@ -29,7 +30,7 @@ def _sessions(n_sessions: int, turns: int, gap_s: float = 5.0) -> list[TraceRequ
             out.append(
                 TraceRequest(
                     req_id=f"s{s}t{k}",
-                    arrival_s=s * 0.25 + k * gap_s,
+                    arrival_s=s * 0.01 + k * gap_s,
                     session=f"s{s}",
                     parent=f"s{s}t{k - 1}" if k else None,
                     turn=k,
