@@ -331,7 +331,7 @@ def _anchors(profile: dict[str, Any]) -> dict[str, Any]:
 
 def _experts_touched(tokens: float, topk: int, experts: int) -> float:
     """Expected share of the experts that tokens routed top-k (uniformly) reach at least once."""
-    return 1.0 - (1.0 - topk / experts) ** tokens
+    return 1.0 - float((1.0 - topk / experts) ** tokens)
 
 
 def _gpu_kv_tokens(gpu: Gpu, model: Model) -> int:
