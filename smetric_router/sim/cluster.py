@@ -104,6 +104,38 @@ def _block_text(block_ids: Sequence[int]) -> str:
     return "".join(chr(0x4000 + (b >> 14 & 0x3FFF)) + chr(0x4000 + (b & 0x3FFF)) for b in block_ids)
 
 
+def arrival_order(trace: Sequence[TraceRequest]) -> list[int]:
+    return sorted(range(len(trace)), key=lambda i: (trace[i].arrival_s, i))
+
+
+def router_features(
+    req: TraceRequest,
+    prompt_pages: list[int],
+    page_size: int,
+    session_blocks: dict[str, tuple[int, ...]],
+    text: str = "",
+) -> RequestFeatures:
+    """The features the router would compute for a trace request: the trace's turn, and as
+    est_hit the tokens of the leading blocks shared with the session's previous request (which
+    session_blocks remembers and this call updates)."""
+    prev = session_blocks.get(req.session)
+    shared = 0
+    if prev is not None:
+        for a, b in zip(prev, req.block_ids, strict=False):
+            if a != b:
+                break
+            shared += 1
+    session_blocks[req.session] = req.block_ids
+    return RequestFeatures(
+        prompt_len=req.input_len,
+        page_hashes=prompt_pages,
+        page_size=page_size,
+        turn=req.turn,
+        est_hit=min(shared * req.block_size, req.input_len),
+        text=text,
+    )
+
+
 def engine_setup(
     cfg: SimConfig, timing: TimingModel, global_ratio: float
 ) -> tuple[EngineConfig, GlobalTier | None]:
@@ -267,7 +299,7 @@ class Cluster:
         ps = cfg.page_size
         session_first: dict[str, int] = {}
         session_blocks: dict[str, tuple[int, ...]] = {}
-        order = sorted(range(len(trace)), key=lambda i: (trace[i].arrival_s, i))
+        order = arrival_order(trace)
         if self.policy.uses_text_tree and trace:
             blocks = _TREE_CHARS // _CHARS_PER_TOKEN // trace[0].block_size
             self.text_tree = TextTree(max_size=2 * max(blocks, 1))  # two chars per block
@@ -276,24 +308,10 @@ class Cluster:
             req = trace[i]
             t = (req.arrival_s - t0) / rate_scale
             self._run_events(t)
+            text = _block_text(req.block_ids) if self.text_tree is not None else ""
             hashes = mapper.pages(req, n)
-            prev = session_blocks.get(req.session)
-            shared = 0
-            if prev is not None:
-                for a, b in zip(prev, req.block_ids, strict=False):
-                    if a != b:
-                        break
-                    shared += 1
-            session_blocks[req.session] = req.block_ids
             prompt_pages = hashes[: req.input_len // ps]
-            features = RequestFeatures(
-                prompt_len=req.input_len,
-                page_hashes=prompt_pages,
-                page_size=ps,
-                turn=req.turn,
-                est_hit=min(shared * req.block_size, req.input_len),
-                text=_block_text(req.block_ids) if self.text_tree is not None else "",
-            )
+            features = router_features(req, prompt_pages, ps, session_blocks, text)
             idx = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
             if req.turn == 0:
                 session_first[req.session] = idx

@@ -37,7 +37,7 @@ from smetric_router.engine.api import EngineRequest, StepResult
 from smetric_router.engine.engine import Engine
 from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
-from smetric_router.sim.cluster import RequestRecord, engine_setup
+from smetric_router.sim.cluster import RequestRecord, arrival_order, engine_setup, router_features
 from smetric_router.sim.config import SimConfig, Slo
 from smetric_router.sim.pages import PageMapper
 from smetric_router.traces.schema import TraceRequest
@@ -53,10 +53,6 @@ class PdRunResult:
     records: list[RequestRecord]
     window_load: list[list[float]]
     window_s: float
-
-
-def arrival_order(trace: Sequence[TraceRequest]) -> list[int]:
-    return sorted(range(len(trace)), key=lambda i: (trace[i].arrival_s, i))
 
 
 def trace_pages(trace: Sequence[TraceRequest], page_size: int) -> list[np.ndarray]:
@@ -205,22 +201,8 @@ class PdCluster:
             t = (req.arrival_s - t0) / rate_scale
             self._run_events(t)
             hashes = pages[n].tolist() if pages is not None else mapper.pages(req, n)
-            prev = session_blocks.get(req.session)
-            shared = 0
-            if prev is not None:
-                for a, b in zip(prev, req.block_ids, strict=False):
-                    if a != b:
-                        break
-                    shared += 1
-            session_blocks[req.session] = req.block_ids
             prompt_pages = hashes[: req.input_len // ps]
-            features = RequestFeatures(
-                prompt_len=req.input_len,
-                page_hashes=prompt_pages,
-                page_size=ps,
-                turn=req.turn,
-                est_hit=min(shared * req.block_size, req.input_len),
-            )
+            features = router_features(req, prompt_pages, ps, session_blocks)
             idx, hit = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
             if req.turn == 0:
                 session_first[req.session] = idx
