@@ -3,7 +3,6 @@
 from smetric_router.policies import (
     bailian,
     cache_aware,
-    least_tokens,
     lmetric,
     load_balance,
     simple,
@@ -13,7 +12,6 @@ from smetric_router.policies import (
 __all__ = [
     "bailian",
     "cache_aware",
-    "least_tokens",
     "lmetric",
     "load_balance",
     "simple",

@@ -1,4 +1,10 @@
-"""Least load, KV-agnostic (request count; unprefilled tokens for PD prefill, as Dynamo does)."""
+"""Least load, KV-agnostic, with round-robin ties.
+
+Registered twice, because the load signal depends on the role of the instances it is given:
+- `load_balance`: request count under colocation; unprefilled tokens for PD prefill (as Dynamo).
+- `least_tokens`: the default PD decode policy; a decode instance's load is the KV tokens it holds,
+  so the least-loaded one has the most room for the request's cache and output.
+"""
 
 from __future__ import annotations
 
@@ -21,3 +27,8 @@ class LoadBalance:
 @register("load_balance")
 def _make(params: PolicyParams) -> LoadBalance:
     return LoadBalance(params)
+
+
+@register("least_tokens")
+def _make_least_tokens(params: PolicyParams) -> LoadBalance:
+    return LoadBalance(params, name="least_tokens")
