@@ -27,8 +27,9 @@ Calibration knobs (`GenConfig`) and the Finding each one targets (DESIGN.md §6)
 - Other inter-session reuse (~15 %; forked agents, Finding 3.1's note): `fork_p`,
   `fork_children_max`, `fork_prefix_min` (how much of the parent's context a sub-agent re-uses).
 - ~90 % of reuse within ~100 s, tail to hours (Finding 3.1, Fig. 6): `agent_gap_*` plus
-  `decode_s_per_token` (agent turns seconds apart), `user_gap_*` (minutes), `resume_p` and
-  `resume_gap_*` (an hour or more).
+  `decode_s_per_token` (agent turns seconds apart), `slow_tool_*` (a quarter of tool calls are
+  builds or test runs of minutes), `user_gap_*` (minutes), `resume_p` and `resume_gap_*` (an hour
+  or more).
 - Trigger mix, mostly agent (Fig. 7): `loop_turns_*` against `user_continue_p`; compaction
   requests from `compact_at_tokens` (also bounds contexts at ~100K+ tokens).
 - Reuse ratio itself (paper: > 80 %): `task_tokens_*`, the new text each fresh session brings
@@ -65,15 +66,15 @@ class GenConfig:
     instances: int = 32
     templates: int = 5
     template_zipf: float = 1.0
-    template_tokens_median: float = 18_000.0
+    template_tokens_median: float = 22_000.0
     template_tokens_sigma: float = 0.4
     task_tokens_median: float = 5_000.0
     task_tokens_sigma: float = 1.0
     task_tokens_max: int = 40_000
     loop_turns_median: float = 1.0  # agent turns after each user message, most sessions
     loop_turns_sigma: float = 0.8
-    user_continue_p: float = 0.2
-    long_session_p: float = 0.04  # long interactive agent tasks
+    user_continue_p: float = 0.15
+    long_session_p: float = 0.03  # long interactive agent tasks
     long_loop_turns_median: float = 4.0
     long_user_continue_p: float = 0.7
     tool_tokens_median: float = 400.0
@@ -87,12 +88,15 @@ class GenConfig:
     decode_s_per_token: float = 0.03
     agent_gap_median_s: float = 3.0
     agent_gap_sigma: float = 0.8
+    slow_tool_p: float = 0.25  # tool calls that run minutes (builds, test suites)
+    slow_tool_median_s: float = 150.0
+    slow_tool_sigma: float = 0.8
     user_gap_median_s: float = 240.0
     user_gap_sigma: float = 1.0
     resume_p: float = 0.03
     resume_gap_median_s: float = 3600.0
     resume_gap_sigma: float = 0.5
-    compact_at_tokens: tuple[int, int] = (90_000, 130_000)
+    compact_at_tokens: tuple[int, int] = (60_000, 100_000)
     summary_tokens_median: float = 3_000.0
     fork_p: float = 0.2
     fork_children_max: int = 3
@@ -216,7 +220,10 @@ class _Gen:
                 key, out = self.emit(t, ctx, key, turn, "user")
             for _ in range(int(self.lognormal(loop_median, c.loop_turns_sigma))):
                 t += out * c.decode_s_per_token
-                t += self.lognormal(c.agent_gap_median_s, c.agent_gap_sigma)
+                if self.rng.random() < c.slow_tool_p:
+                    t += self.lognormal(c.slow_tool_median_s, c.slow_tool_sigma)
+                else:
+                    t += self.lognormal(c.agent_gap_median_s, c.agent_gap_sigma)
                 turn += 1
                 if len(ctx.ids) * c.block_size >= compact_at:
                     summary = self.tokens(c.summary_tokens_median, 0.5)

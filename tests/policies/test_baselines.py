@@ -33,7 +33,7 @@ def test_load_balance_ignores_hits() -> None:
 
 
 def test_bailian_prefers_hit_unless_load_dominates() -> None:
-    bailian = make_policy("bailian")
+    bailian = make_policy("bailian", PolicyParams(bailian_lambda=0.9))
     # lambda 0.9: w0 score 0.1*1 + 0.9*0.1 = 0.19; w1 score 0 + 0.9*1 = 0.9
     assert bailian.decide(req(1000), cluster(w(4, 900), w(0, 0))).worker == "w0"
     load_heavy = make_policy("bailian", PolicyParams(bailian_lambda=0.05))
