@@ -110,6 +110,7 @@ def _extra(res: RunResult) -> dict[str, Any]:
     return {
         "tpot_p95": float(np.percentile(tpot, 95)),
         "imb30": _imbalance(res.window_tokens, 1, last),  # windows while requests arrive
+        "imbalance_with_drain": float(np.mean(_imbalance(res.window_tokens, 1, 1 << 30))),
         "imb60": _imbalance(res.window_tokens, 2, last),
         "dropped": sum(r.first_token < 0 for r in res.records),
     }
@@ -212,22 +213,30 @@ def cdf(ax: Any, values: Sequence[float], label: str) -> None:
 
 
 LAMBDAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-PAPER_BAILIAN_IMBALANCE = 3.0  # the paper's Bailian in Fig 15b (2.7x in Fig 11c)
+# The paper's Bailian imbalance over load-balance-only's: 2.7 / 2.1 (Fig 11c), 3.0 / 2.0 (Fig 15b)
+PAPER_BAILIAN_OVER_LB = (2.7 / 2.1, 3.0 / 2.0)
 
 
 def bailian_lambda() -> None:
-    """Bailian's λ is unpublished ("a large λ to favor more KV$ hits"): take the λ whose imbalance
-    at the operating point is nearest the paper's Bailian imbalance in Fig 15b. The rule reads only
-    imbalance; TPS is shown but chooses nothing."""
-    rows = runs([Spec("bailian", AT, g, lam=lam) for g in (math.inf, 0.0) for lam in LAMBDAS])
-    full = rows[: len(LAMBDAS)]  # the JSON cache writes inf as null, so split by position
-    gap = [abs(r["imbalance_mean"] - PAPER_BAILIAN_IMBALANCE) for r in full]
+    """Bailian's λ is unpublished ("a large λ to favor more KV$ hits"): take the λ whose imbalance,
+    relative to load_balance's at the same point, is nearest the paper's range (a ratio: the
+    model's imbalance levels are not the paper's for any policy). TPS chooses nothing."""
+    tiers = (math.inf, 0.0)
+    rows = runs([Spec("bailian", AT, g, lam=lam) for g in tiers for lam in LAMBDAS])
+    lb = runs([Spec("load_balance", AT, g) for g in tiers])
+    lo, hi = PAPER_BAILIAN_OVER_LB
+    ratio = [
+        r["imbalance_mean"] / lb[i // len(LAMBDAS)]["imbalance_mean"] for i, r in enumerate(rows)
+    ]
+    gap = [max(lo - x, x - hi, 0.0) for x in ratio[: len(LAMBDAS)]]  # full tier
     chosen = LAMBDAS[int(np.argmin(gap))]
     table = [
         (
             f"{lam:g}" + (" (chosen)" if i == LAMBDAS.index(chosen) else ""),
             "inf" if r["global_ratio"] is None else f"{r['global_ratio']:g}",
             f"{r['imbalance_mean']:.2f}",
+            f"{ratio[i]:.2f}",
+            f"{r['imbalance_with_drain']:.2f}",
             pct(r["followup_stickiness"]),
             pct(r["local_hit_ratio"]),
             f"{r['ttft_p90']:.2f}",
@@ -236,26 +245,50 @@ def bailian_lambda() -> None:
         for i, (lam, r) in enumerate(zip(LAMBDAS * 2, rows, strict=True))
     ]
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(LAMBDAS, [r["imbalance_mean"] for r in full], "o-", label="imbalance (full tier)")
-    ax.axhline(PAPER_BAILIAN_IMBALANCE, ls="--", c="gray", label="paper's Bailian, 3.0x")
+    ax.plot(LAMBDAS, ratio[: len(LAMBDAS)], "o-", label="full tier")
+    ax.plot(LAMBDAS, ratio[len(LAMBDAS) :], "s--", label="no tier")
+    ax.axhspan(lo, hi, color="gray", alpha=0.3, label="paper's Bailian / LB")
     ax.set_yscale("log")
-    ax.set_xlabel("Bailian λ (weight of the hit term)")
-    ax.set_ylabel(f"imbalance_mean at {AT:g}x")
+    ax.set_xlabel("Bailian λ (weight of the miss term)")
+    ax.set_ylabel(f"imbalance / load_balance's, {AT:g}x")
     ax.legend()
     body = [
         "The paper gives Bailian's score, f = (1-λ)·load + λ·(1-hit ratio), and says the operator "
         "sets a large λ for agents, but not its value. Rule: the λ in "
-        f"{', '.join(f'{x:g}' for x in LAMBDAS)} whose `imbalance_mean` at rate {AT:g}x with "
-        f"the full global tier is nearest {PAPER_BAILIAN_IMBALANCE:g}x, the paper's Bailian "
-        "imbalance in Fig 15b (the figure whose imbalance order the acceptance checks; 2.7x in "
-        "Fig 11c). TPS is listed and chooses nothing. (The rule's first form, the largest λ with "
-        "imbalance at most 3.0x on the grid 0.5–0.9, found none — 0.5 gave 3.05x — so it became "
-        "'nearest' and the grid was extended down to 0.3.)",
+        f"{', '.join(f'{x:g}' for x in LAMBDAS)} whose `imbalance_mean` at rate {AT:g}x with the "
+        "full global tier, divided by load_balance's at the same point, is nearest the paper's "
+        f"Bailian / load-balance-only ratio, {lo:.2f} (Fig 11c: 2.7 / 2.1) to {hi:.2f} (Fig 15b: "
+        "3.0 / 2.0). A ratio, because the model's imbalance levels differ from the paper's for "
+        "every policy (load_balance here "
+        f"{lb[0]['imbalance_mean']:.2f}, paper 2.0–2.1). TPS is listed and chooses nothing.",
+        "",
+        "How the rule got here (all on this trace): a first rule, the largest λ with an absolute "
+        "imbalance of at most 3.0 on 0.5–0.9, found none; its next form, the λ nearest 3.0 in "
+        "absolute terms, chose 0.5 — but that imbalance still counted the drain after the last "
+        "arrival (column 'with drain'), where a few instances finish the last long requests and "
+        "max/mean reaches 3 for every policy. The simulator now leaves the drain out, which puts "
+        "every policy near 1.5, so the rule became the ratio above. Bailian's behaviour has a "
+        "threshold between 0.6 and 0.7: from 0.7 a shared-template hit outweighs any load "
+        "difference and sessions pile on the instances holding their template (TTFT of minutes, "
+        "no request within SLO).",
         "",
         *md_table(
-            ("λ", "global tier", "imbalance", "stickiness", "local hit", "TTFT p90 s", "TPS@SLO"),
+            (
+                "λ",
+                "global tier",
+                "imbalance",
+                "/ load_balance",
+                "with drain",
+                "stickiness",
+                "local hit",
+                "TTFT p90 s",
+                "TPS@SLO",
+            ),
             table,
         ),
+        "",
+        f"load_balance at the same points: imbalance {lb[0]['imbalance_mean']:.2f} (full tier), "
+        f"{lb[1]['imbalance_mean']:.2f} (no tier).",
         "",
         f"Chosen: λ = {chosen:g}, the default of `PolicyParams.bailian_lambda`.",
         "",

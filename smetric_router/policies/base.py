@@ -26,10 +26,10 @@ class PolicyParams:
     # does not notice two more, so only an excess beyond this slack counts (0 = the paper's rule).
     overload_slack: float = 2.0
     hit_ratio: float = 0.5  # SMetric: sticky only if best hit > hit_ratio x est_hit
-    # Bailian: weight of the miss term. Unpublished; 0.5 is the value whose imbalance matches the
-    # paper's Bailian (benchmarks/results/bailian_lambda.md); >= 0.7 piles sessions on template
-    # holders in the simulator.
-    bailian_lambda: float = 0.5
+    # Bailian: weight of the miss term. Unpublished; 0.6 gives the paper's Bailian imbalance
+    # relative to load-balance-only (benchmarks/results/bailian_lambda.md); from 0.7 a shared
+    # template's hit outweighs any load and sessions pile on the template's holders.
+    bailian_lambda: float = 0.6
     cache_threshold: float = 0.3  # cache_aware (sglang-router --cache-threshold)
     balance_abs_threshold: float = 64  # cache_aware (--balance-abs-threshold)
     balance_rel_threshold: float = 1.5  # cache_aware (--balance-rel-threshold)

@@ -8,8 +8,11 @@
   neither and never meet the SLO.
 - reuse / local_hit / global_hit ratios: cached prompt tokens (any tier / GPU + host / global)
   over all prompt tokens.
-- imbalance_mean: over windows of SimConfig.window_s with any load, max / mean of the tokens each
-  instance computed (prefill computed + decode).
+- imbalance_mean: over windows of SimConfig.window_s with any load, from the first window up to
+  the one holding the last arrival, max / mean of the tokens each instance computed (prefill
+  computed + decode). The drain after the last arrival is left out: there a replay of a trace's
+  first N requests empties and a few instances finish the last long requests, which says how the
+  replay ends, not how the policy spreads load.
 - followup_stickiness: follow-ups (turn > 0) served by the instance their session's first request
   went to, over follow-ups whose session's first request is in the trace.
 
@@ -19,16 +22,26 @@ prefill_tps_within_slo: see sim/pd.py summarize_pd.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from smetric_router.sim.cluster import RunResult
+from smetric_router.sim.cluster import RequestRecord, RunResult
 from smetric_router.sim.config import Slo
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
+
+
+def imbalance_mean(
+    windows: Sequence[Sequence[float]], recs: Sequence[RequestRecord], window_s: float
+) -> float:
+    """Mean max/mean over the windows with any load, up to the one holding the last arrival."""
+    last = int(max((r.arrival for r in recs), default=0.0) // window_s)
+    ratios = [max(w) / (sum(w) / len(w)) for w in windows[: last + 1] if sum(w) > 0]
+    return float(np.mean(ratios)) if ratios else float("nan")
 
 
 def summarize(
@@ -63,26 +76,21 @@ def summarize(
         good += n if ok else 0
     start = min((r.arrival for r in recs), default=0.0)
     span = end - start
-    ratios = []
-    for w in run.window_tokens:
-        mean = sum(w) / len(w)
-        if mean > 0:
-            ratios.append(max(w) / mean)
     return {
         "policy": policy,
         "rate_scale": rate_scale,
         "global_ratio": global_ratio,
         "tps": tokens / span if span > 0 else 0.0,
         "tps_within_slo": good / span if span > 0 else 0.0,
-        "ttft_p50": _pct(ttft, 50),
-        "ttft_p90": _pct(ttft, 90),
-        "ttft_p99": _pct(ttft, 99),
-        "tpot_p50": _pct(tpot, 50),
-        "tpot_p90": _pct(tpot, 90),
-        "tpot_p99": _pct(tpot, 99),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p90": percentile(ttft, 90),
+        "ttft_p99": percentile(ttft, 99),
+        "tpot_p50": percentile(tpot, 50),
+        "tpot_p90": percentile(tpot, 90),
+        "tpot_p99": percentile(tpot, 99),
         "reuse_ratio": (local + glob) / prompt if prompt else 0.0,
         "local_hit_ratio": local / prompt if prompt else 0.0,
         "global_hit_ratio": glob / prompt if prompt else 0.0,
-        "imbalance_mean": float(np.mean(ratios)) if ratios else float("nan"),
+        "imbalance_mean": imbalance_mean(run.window_tokens, recs, run.window_s),
         "followup_stickiness": sticky / followups if followups else float("nan"),
     }

@@ -39,6 +39,7 @@ from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
 from smetric_router.sim.cluster import RequestRecord, arrival_order, engine_setup, router_features
 from smetric_router.sim.config import SimConfig, Slo
+from smetric_router.sim.metrics import imbalance_mean, percentile
 from smetric_router.sim.pages import PageMapper
 from smetric_router.traces.schema import TraceRequest
 
@@ -240,10 +241,6 @@ class PdCluster:
         return idx, workers[idx].hit
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
-
-
 def summarize_pd(
     run: PdRunResult, slo: Slo, policy: str, rate_scale: float, global_ratio: float
 ) -> dict[str, Any]:
@@ -254,8 +251,9 @@ def summarize_pd(
       prefill_tps_within_slo: the same, counting only requests whose TTFT met the SLO. `tps` and
       `tps_within_slo` repeat them (so max_tps_within_slo and the plots read prefill TPS).
     - ttft_*: seconds from arrival to prefill completion; tpot_* are null (no decode).
-    - imbalance_mean: over windows with any load, max / mean of each instance's time-averaged
-      unprefilled tokens (the paper's in-flight prefill-token load, Figure 21b).
+    - imbalance_mean: over windows with any load up to the one holding the last arrival (as in
+      sim/metrics.py), max / mean of each instance's time-averaged unprefilled tokens (the paper's
+      in-flight prefill-token load, Figure 21b).
     - reuse split and followup_stickiness as in the colocated rows; mode = "pd".
     """
     ttft: list[float] = []
@@ -278,11 +276,6 @@ def summarize_pd(
             good += r.input_len
     start = min((r.arrival for r in run.records), default=0.0)
     span = end - start
-    ratios = []
-    for w in run.window_load:
-        mean = sum(w) / len(w)
-        if mean > 0:
-            ratios.append(max(w) / mean)
     tps = tokens / span if span > 0 else 0.0
     tps_slo = good / span if span > 0 else 0.0
     nan = float("nan")
@@ -295,16 +288,16 @@ def summarize_pd(
         "tps_within_slo": tps_slo,
         "prefill_tps": tps,
         "prefill_tps_within_slo": tps_slo,
-        "ttft_p50": _pct(ttft, 50),
-        "ttft_p90": _pct(ttft, 90),
-        "ttft_p99": _pct(ttft, 99),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p90": percentile(ttft, 90),
+        "ttft_p99": percentile(ttft, 99),
         "tpot_p50": nan,
         "tpot_p90": nan,
         "tpot_p99": nan,
         "reuse_ratio": (local + glob) / prompt if prompt else 0.0,
         "local_hit_ratio": local / prompt if prompt else 0.0,
         "global_hit_ratio": glob / prompt if prompt else 0.0,
-        "imbalance_mean": float(np.mean(ratios)) if ratios else nan,
+        "imbalance_mean": imbalance_mean(run.window_load, run.records, run.window_s),
         "followup_stickiness": sticky / followups if followups else nan,
     }
 

@@ -102,6 +102,14 @@ def test_slo_accounting_by_hand() -> None:
     assert row["followup_stickiness"] == 1.0
 
 
+def test_imbalance_leaves_out_the_drain_after_the_last_arrival() -> None:
+    recs = [RequestRecord(40.0, 100, 10, 0, 0, 0, 0, 0, first_token=41.0, finish=200.0)]
+    # windows of 30 s: the last arrival (40 s) is in window 1; windows 2-3 are the drain
+    windows = [[10.0, 30.0], [20.0, 20.0], [0.0, 50.0], [0.0, 10.0]]
+    row = summarize(RunResult(recs, windows, 30.0), Slo(), "x", 1.0, 0.0)
+    assert row["imbalance_mean"] == pytest.approx((1.5 + 1.0) / 2)
+
+
 def _write(path: Path, trace: list[TraceRequest]) -> None:
     with path.open("w") as f:
         for r in trace:
