@@ -299,6 +299,8 @@ def bailian_lambda() -> None:
 
 def fig9() -> None:
     rows = runs([Spec("load_balance", r) for r in SWEEP])
+    reqs = trace()
+    rpm = len(reqs) / ((reqs[-1].arrival_s - reqs[0].arrival_s) / 60) / 32
     fig, ax = plt.subplots(figsize=(5, 3.5))
     table = []
     for r in rows:
@@ -335,9 +337,9 @@ def fig9() -> None:
         "dispatching by least in-flight tokens (prefill + decode) with recorded execution times; "
         "here load_balance dispatches by least in-flight requests (the router's own load signal "
         "in colocation) and execution comes from the engine model, so queueing feeds back into "
-        "load. The generated trace has ~33 requests/min/instance at rate scale 1 in its dense "
-        "part (paper: 43, never < 30); at the rate scales simulated here it is "
-        f"{33 * BASE_RATE * SWEEP[0]:.0f}–{33 * BASE_RATE * SWEEP[-1]:.0f}.",
+        f"load. The replayed {LIMIT:,} requests arrive at {rpm:.0f} requests/min/instance at "
+        "the trace's own rate (paper: 43, never < 30); at the rate scales simulated here that is "
+        f"{rpm * BASE_RATE * SWEEP[0]:.0f}–{rpm * BASE_RATE * SWEEP[-1]:.0f}.",
     ]
     write("fig9", "Figure 9 — load imbalance under load-balancing dispatch", body, rows)
 
