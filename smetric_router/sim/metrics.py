@@ -23,6 +23,7 @@ prefill_tps_within_slo: see sim/pd.py summarize_pd.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,30 @@ def imbalance_mean(
     return float(np.mean(ratios)) if ratios else float("nan")
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the prompt tokens came from and whether follow-ups stayed (both modes' rows)."""
+
+    reuse_ratio: float
+    local_hit_ratio: float
+    global_hit_ratio: float
+    followup_stickiness: float
+
+
+def placement(recs: Sequence[RequestRecord]) -> Placement:
+    prompt = sum(r.input_len for r in recs)
+    local = sum(r.cached_local for r in recs)
+    glob = sum(r.cached_global for r in recs)
+    followups = [r for r in recs if r.turn > 0 and r.first_instance >= 0]
+    sticky = sum(r.instance == r.first_instance for r in followups)
+    return Placement(
+        reuse_ratio=(local + glob) / prompt if prompt else 0.0,
+        local_hit_ratio=local / prompt if prompt else 0.0,
+        global_hit_ratio=glob / prompt if prompt else 0.0,
+        followup_stickiness=sticky / len(followups) if followups else float("nan"),
+    )
+
+
 def summarize(
     run: RunResult, slo: Slo, policy: str, rate_scale: float, global_ratio: float
 ) -> dict[str, Any]:
@@ -51,16 +76,8 @@ def summarize(
     ttft: list[float] = []
     tpot: list[float] = []
     tokens = good = 0
-    prompt = local = glob = 0
-    followups = sticky = 0
     end = 0.0
     for r in recs:
-        prompt += r.input_len
-        local += r.cached_local
-        glob += r.cached_global
-        if r.turn > 0 and r.first_instance >= 0:
-            followups += 1
-            sticky += r.instance == r.first_instance
         if r.first_token < 0:
             continue
         end = max(end, r.finish)
@@ -76,6 +93,7 @@ def summarize(
         good += n if ok else 0
     start = min((r.arrival for r in recs), default=0.0)
     span = end - start
+    where = placement(recs)
     return {
         "policy": policy,
         "rate_scale": rate_scale,
@@ -88,9 +106,9 @@ def summarize(
         "tpot_p50": percentile(tpot, 50),
         "tpot_p90": percentile(tpot, 90),
         "tpot_p99": percentile(tpot, 99),
-        "reuse_ratio": (local + glob) / prompt if prompt else 0.0,
-        "local_hit_ratio": local / prompt if prompt else 0.0,
-        "global_hit_ratio": glob / prompt if prompt else 0.0,
+        "reuse_ratio": where.reuse_ratio,
+        "local_hit_ratio": where.local_hit_ratio,
+        "global_hit_ratio": where.global_hit_ratio,
         "imbalance_mean": imbalance_mean(run.window_tokens, recs, run.window_s),
-        "followup_stickiness": sticky / followups if followups else float("nan"),
+        "followup_stickiness": where.followup_stickiness,
     }

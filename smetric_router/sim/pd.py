@@ -39,7 +39,7 @@ from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
 from smetric_router.sim.cluster import RequestRecord, arrival_order, engine_setup, router_features
 from smetric_router.sim.config import SimConfig, Slo
-from smetric_router.sim.metrics import imbalance_mean, percentile
+from smetric_router.sim.metrics import imbalance_mean, percentile, placement
 from smetric_router.sim.pages import PageMapper
 from smetric_router.traces.schema import TraceRequest
 
@@ -257,15 +257,9 @@ def summarize_pd(
     - reuse split and followup_stickiness as in the colocated rows; mode = "pd".
     """
     ttft: list[float] = []
-    tokens = good = prompt = local = glob = followups = sticky = 0
+    tokens = good = 0
     end = 0.0
     for r in run.records:
-        prompt += r.input_len
-        local += r.cached_local
-        glob += r.cached_global
-        if r.turn > 0 and r.first_instance >= 0:
-            followups += 1
-            sticky += r.instance == r.first_instance
         if r.first_token < 0:
             continue
         end = max(end, r.first_token)
@@ -279,6 +273,7 @@ def summarize_pd(
     tps = tokens / span if span > 0 else 0.0
     tps_slo = good / span if span > 0 else 0.0
     nan = float("nan")
+    where = placement(run.records)
     return {
         "mode": "pd",
         "policy": policy,
@@ -294,11 +289,11 @@ def summarize_pd(
         "tpot_p50": nan,
         "tpot_p90": nan,
         "tpot_p99": nan,
-        "reuse_ratio": (local + glob) / prompt if prompt else 0.0,
-        "local_hit_ratio": local / prompt if prompt else 0.0,
-        "global_hit_ratio": glob / prompt if prompt else 0.0,
+        "reuse_ratio": where.reuse_ratio,
+        "local_hit_ratio": where.local_hit_ratio,
+        "global_hit_ratio": where.global_hit_ratio,
         "imbalance_mean": imbalance_mean(run.window_load, run.records, run.window_s),
-        "followup_stickiness": sticky / followups if followups else nan,
+        "followup_stickiness": where.followup_stickiness,
     }
 
 
