@@ -32,7 +32,7 @@ from smetric_router.traces.schema import TraceRequest
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake-conversation.jsonl"
 AGENTIC_REQUESTS = 100_000
-AGENTIC_SESSIONS = 23_600  # ~4.2 requests per root session incl. forks: a bit over 100K
+AGENTIC_SESSIONS = 27_000  # ~3.9 requests per root session incl. forks: a bit over 100K
 
 
 def _timed(name: str, trace: list[TraceRequest], policy: str, limit_s: float) -> dict[str, Any]:
@@ -68,6 +68,8 @@ def main() -> int:
             t = time.perf_counter()
             generate(GenConfig(sessions=AGENTIC_SESSIONS, seed=0, block_size=512), path)
             trace = load_trace(path, "bailian", block_size=512)[:AGENTIC_REQUESTS]
+            if len(trace) < AGENTIC_REQUESTS:
+                sys.exit(f"only {len(trace)} requests generated: raise AGENTIC_SESSIONS")
             print(f"generated and loaded in {time.perf_counter() - t:.1f} s", flush=True)
         runs.append(_timed("agentic-100k (generated, seed 0)", trace, args.policy, 300.0))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
