@@ -2,7 +2,7 @@
 and the issue's acceptance table.
 
     python -m benchmarks.repro_colocated \
-        {bailian_lambda,fig9,fig11,fig12,fig14,fig15,fig25,acceptance,all,reuse}
+        {bailian_lambda,fig9,fig11,fig12,fig14,fig15,fig25,acceptance,all,reuse,moves}
 
 One generated agentic trace (generated here if missing, see TRACE_CMD), its first LIMIT requests,
 32 instances of the default H20 + Qwen3-30B-A3B profile, the simulator's default SLO (TTFT 2 s +
@@ -27,9 +27,10 @@ import matplotlib
 import numpy as np
 import orjson
 
+from smetric_router.core.types import ClusterView, Decision, RequestFeatures
 from smetric_router.policies import make_policy
 from smetric_router.policies.base import PolicyParams
-from smetric_router.sim.cluster import Cluster, RunResult
+from smetric_router.sim.cluster import Cluster, RunResult, arrival_order
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.metrics import summarize
 from smetric_router.traces.generate import GenConfig, generate
@@ -705,6 +706,50 @@ def reuse() -> None:
     )
 
 
+def moves() -> None:
+    """Why follow-ups leave their session's first instance when the overload guard is off: each
+    move, by whether the instance it left still held as long a prefix as the one chosen."""
+    params = PolicyParams(overload=math.inf, overload_slack=2.0, hit_ratio=0.5)
+    inner = make_policy("smetric", params)
+    seen: list[tuple[str, dict[str, int], str]] = []
+
+    @dataclass(frozen=True, slots=True)
+    class Recorder:
+        name: str = "smetric"
+        uses_text_tree: bool = False
+
+        def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+            d = inner.decide(features, view)
+            seen.append((d.reason, {w.url: w.hit for w in view.workers}, d.worker))
+            return d
+
+    reqs = trace()
+    cfg = SimConfig(params=params, global_ratio=math.inf, window_s=WINDOW_S)
+    res = Cluster(cfg, Recorder(), math.inf).run(reqs, AT * BASE_RATE)
+    prev: dict[str, int] = {}
+    followups = 0
+    tally: dict[str, int] = {}
+    order = [reqs[i] for i in arrival_order(reqs)]
+    for rec, (reason, hits, chosen), req in zip(res.records, seen, order, strict=True):
+        if rec.turn > 0 and rec.first_instance >= 0:
+            followups += 1
+            left = prev.get(req.session, rec.instance)
+            if rec.instance != rec.first_instance:
+                if left == rec.instance:
+                    kind = "stays where an earlier move put it"
+                elif reason != "sticky":
+                    kind = f"moved by {reason}"
+                elif hits[list(hits)[left]] == hits[chosen]:
+                    kind = "moved: the instance it left ties on the longest hit"
+                else:
+                    kind = "moved: another instance has a longer hit"
+                tally[kind] = tally.get(kind, 0) + 1
+        prev[req.session] = rec.instance
+    print(f"smetric, OVERLOAD inf, rate {AT:g}x, full tier: {followups} follow-ups")
+    for kind, n in sorted(tally.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:5d} ({n / followups:.1%})  {kind}")
+
+
 # in the order `all` runs them: the shared full-tier sweep first, the widest sweep last but one
 FIGS: dict[str, Callable[[], None]] = {
     "bailian_lambda": bailian_lambda,
@@ -720,13 +765,15 @@ FIGS: dict[str, Callable[[], None]] = {
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("figure", choices=(*FIGS, "all", "reuse"))
+    ap.add_argument("figure", choices=(*FIGS, "all", "reuse", "moves"))
     ap.add_argument("--jobs", type=int, default=1, help="simulator runs in parallel (default 1)")
     args = ap.parse_args()
     global JOBS
     JOBS = max(1, args.jobs)
     if args.figure == "reuse":  # a diagnostic of the trace, no figure
         reuse()
+    if args.figure == "moves":  # a diagnostic of SMetric's decisions, no figure
+        moves()
     for name, fn in FIGS.items():
         if args.figure in (name, "all"):
             fn()
