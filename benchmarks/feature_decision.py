@@ -58,14 +58,36 @@ def history(codec: ChatCodec, tokens: int, seed: int) -> list[Message]:
     return messages
 
 
-def follow_up(codec: ChatCodec, rng: random.Random, tag: str, result_tokens: int) -> list[Message]:
+# What a coding agent's `read` tool returns: this repository's own Python source.
+_PACKAGE = Path(__file__).resolve().parents[1] / "smetric_router"
+_SOURCE = "".join(f.read_text() for f in sorted(_PACKAGE.glob("**/*.py")))
+
+
+def source_result(codec: ChatCodec, rng: random.Random, n_tokens: int) -> str:
+    """Whole lines of source from a random place, the first run of them reaching n_tokens."""
+    lines = _SOURCE.splitlines(keepends=True)
+    start = rng.randrange(len(lines))
+    end = start + 1
+    while len(codec.encode("".join(lines[start:end]))) < n_tokens:
+        end += 1
+        if end > len(lines):
+            start, end = 0, 1
+    return "".join(lines[start:end])
+
+
+def follow_up(
+    codec: ChatCodec, rng: random.Random, tag: str, result_tokens: int, content: str = "words"
+) -> list[Message]:
     args = orjson.dumps({"path": f"src/{tag}.py", "limit": rng.randint(1, 999)}).decode()
     call = {
         "id": f"call_{tag}",
         "type": "function",
         "function": {"name": "read", "arguments": args},
     }
-    result = codec.sample_output(result_tokens, rng.getrandbits(32))[0]
+    if content == "source":
+        result = source_result(codec, rng, result_tokens)
+    else:
+        result = codec.sample_output(result_tokens, rng.getrandbits(32))[0]
     return [
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": f"call_{tag}", "content": result},
@@ -81,7 +103,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_size(codec: ChatCodec, tokens: int, iterations: int, new_tokens: int) -> dict[str, Any]:
+def run_size(
+    codec: ChatCodec, tokens: int, iterations: int, new_tokens: int, contents: list[str]
+) -> dict[str, dict[str, Any]]:
+    """One history size; the kinds of content alternate, so a slow phase of a shared machine
+    falls on all of them alike. Returns a result per kind of content."""
     rng = random.Random(tokens)
     prior = history(codec, tokens, seed=tokens)
     prior_prompt = codec.render_messages(prior, add_generation_prompt=True)
@@ -105,20 +131,31 @@ def run_size(codec: ChatCodec, tokens: int, iterations: int, new_tokens: int) ->
     cold = time.perf_counter() - cold_start
 
     bodies = [
-        orjson.dumps(
-            {"model": "m", "messages": prior + follow_up(codec, rng, f"new{i}", new_tokens)}
+        (
+            content,
+            orjson.dumps(
+                {
+                    "model": "m",
+                    "messages": prior
+                    + follow_up(codec, rng, f"new{i}{content}", new_tokens, content),
+                }
+            ),
         )
         for i in range(iterations)
+        for content in contents
     ]
-    phases: dict[str, list[float]] = {
-        "parse": [],
-        "extract": [],
-        "view": [],
-        "decide": [],
-        "tokenize": [],
+    out: dict[str, dict[str, Any]] = {
+        c: {
+            "history": len(prior_prompt),
+            "messages": len(prior) + 2,
+            "cold_ms": cold * 1e3,
+            "phases": {k: [] for k in ("parse", "extract", "view", "decide", "tokenize")},
+            "total": [],
+            "new_tokens": [],
+        }
+        for c in contents
     }
-    total: list[float] = []
-    for tick, raw in enumerate(bodies):
+    for tick, (content, raw) in enumerate(bodies):
         t0 = time.perf_counter()
         body = orjson.loads(raw)
         t1 = time.perf_counter()
@@ -141,17 +178,15 @@ def run_size(codec: ChatCodec, tokens: int, iterations: int, new_tokens: int) ->
         for i, message in enumerate(body["messages"][-2:]):
             codec.render_message(message, i)
         t6 = time.perf_counter()
-        for name, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t6 - t5), strict=True):
-            phases[name].append(dt)
-        total.append(t4 - t1)
-    return {
-        "history": len(prior_prompt),
-        "messages": len(prior) + 2,
-        "pages": len(features.page_hashes),
-        "cold_ms": cold * 1e3,
-        "phases": phases,
-        "total": total,
-    }
+        r = out[content]
+        for name, dt in zip(
+            r["phases"], (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t6 - t5), strict=True
+        ):
+            r["phases"][name].append(dt)
+        r["total"].append(t4 - t1)
+        r["pages"] = len(features.page_hashes)
+        r["new_tokens"].append(len(codec.encode(body["messages"][-1]["content"])))
+    return out
 
 
 def machine() -> str:
@@ -178,7 +213,8 @@ def header(iterations: int) -> str:
             "",
             f"Policy smetric, {WORKERS} workers, page size {PAGE_SIZE}. The previous turn of the "
             "session was already extracted (warm caches) and worker 0 holds its pages; each of "
-            f"{iterations} follow-ups per size appends an assistant tool call and a new tool "
+            f"{iterations} follow-ups per size and kind of content (the kinds alternate) "
+            "appends an assistant tool call and a new tool "
             "result (fresh content, tokenized cold) and is re-parsed from JSON so nothing is "
             "shared with the previous request. Times in microseconds, median / p90. `total` = "
             "extract + view + decide; JSON parsing of the body (the HTTP layer's cost) is shown "
@@ -191,22 +227,36 @@ def header(iterations: int) -> str:
             "message list with the cached one in C (exact; about 1 us per KB of history: the only "
             "part that grows with history), then only the new messages are tokenized and hashed; "
             "the page hashes are concatenated from per-message segments (8 bytes per page). "
-            "Tokenizing the new messages dominates: HF `tokenizers` costs about 2 us per token on "
-            "this machine, so the total scales with the size of what the turn appends, not with "
-            "the history. KvIndex.match binary-searches the prefix length for all 32 workers at "
+            "Tokenizing the new messages dominates, and its cost depends on the text: random "
+            "vocabulary words run together are BPE's slowest case (every word long and unseen), "
+            "source code far cheaper (compare the sections below); so the total scales with the "
+            "size and kind of what the turn appends, not with the history. KvIndex.match "
+            "binary-searches the prefix length for all 32 workers at "
             "once (workers x log2(pages) lookups). Load average when this run started: "
-            f"{os.getloadavg()[0]:.2f} on 2 cores (other jobs show in the p90 column).",
+            f"{os.getloadavg()[0]:.2f} on 2 cores (other jobs show in the p90 column). `decide` "
+            "does the same work in every row, so it doubling between rows marks a slower phase "
+            "of the shared machine; the kinds of content alternate, so within a size they share "
+            "it.",
             "",
         ]
     )
 
 
-def report(results: list[dict[str, Any]], new_tokens: int) -> str:
+CONTENT = {
+    "words": "random vocabulary words run together (no spaces: the slowest input for BPE)",
+    "source": "whole lines of this repository's Python source (what a coding agent reads)",
+}
+
+
+def report(results: list[dict[str, Any]], new_tokens: int, content: str) -> str:
     def us(values: list[float], q: float) -> str:
         return f"{percentile(values, q) * 1e6:.0f}"
 
+    mean = sum(sum(r["new_tokens"]) / len(r["new_tokens"]) for r in results) / len(results)
     lines = [
-        f"## New tool result of {new_tokens} tokens",
+        f"## New tool result of {new_tokens} tokens: {content}",
+        "",
+        f"Content: {CONTENT[content]}; {mean:.0f} tokens on average.",
         "",
         "| history tokens | messages | pages | extract | of which: tokenize new messages "
         "| view (KvIndex.match + view) | decide | **total** | json parse (not incl.) "
@@ -240,15 +290,25 @@ def main() -> None:
     parser.add_argument(
         "--new-tokens", default="192,32", help="tokens of the new tool result, comma-separated"
     )
+    parser.add_argument(
+        "--content",
+        default="words,source",
+        help=f"what the new tool result holds, comma-separated: {', '.join(CONTENT)}",
+    )
     parser.add_argument("--out", type=Path, help="write the markdown report here")
     args = parser.parse_args()
     codec = load_codec()
+    contents = args.content.split(",")
+    for content in contents:
+        if content not in CONTENT:
+            parser.error(f"--content: unknown {content!r}, expected one of {', '.join(CONTENT)}")
     sections = []
     for new_tokens in (int(n) for n in args.new_tokens.split(",")):
-        results = [
-            run_size(codec, int(s), args.iterations, new_tokens) for s in args.sizes.split(",")
+        by_size = [
+            run_size(codec, int(s), args.iterations, new_tokens, contents)
+            for s in args.sizes.split(",")
         ]
-        sections.append(report(results, new_tokens))
+        sections += [report([r[c] for r in by_size], new_tokens, c) for c in contents]
     text = "\n".join([header(args.iterations), *sections])
     print(text)
     if args.out:
