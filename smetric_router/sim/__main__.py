@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from smetric_router.engine.timing import PROFILES_DIR
 from smetric_router.policies.base import PolicyParams, make_policy, policy_names
 from smetric_router.sim.cluster import Cluster
 from smetric_router.sim.config import SimConfig, Slo
@@ -52,18 +53,37 @@ def _floats(text: str) -> list[float]:
     return values
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """The module docstring as written, and each option's default where it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or action.default is False or action.required:
+            return text
+        default = action.default
+        if isinstance(default, list):
+            default = ",".join(f"{v:g}" for v in default)
+        return f"{text} (default: {default})".strip()
+
+
 def parser() -> argparse.ArgumentParser:
     d, slo = PolicyParams(), Slo()
+    profiles = sorted(f.stem for f in PROFILES_DIR.glob("*.json"))
     p = argparse.ArgumentParser(
-        prog="python -m smetric_router.sim",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m smetric_router.sim", description=__doc__, formatter_class=_Help
     )
     p.add_argument("--trace", required=True, help="trace file (JSON lines)")
-    p.add_argument("--format", choices=("auto", "bailian", "mooncake"), default="auto")
+    p.add_argument(
+        "--format",
+        choices=("auto", "bailian", "mooncake"),
+        default="auto",
+        help="trace schema; auto reads the first record",
+    )
     p.add_argument("--block-size", type=int, default=16, help="Bailian hash_ids block size")
-    p.add_argument("--limit", type=int, default=0, help="replay only the first N requests")
-    p.add_argument("--instances", type=int, default=32)
+    p.add_argument(
+        "--limit", type=int, default=0, help="replay only the first N requests (0 = all)"
+    )
+    p.add_argument("--instances", type=int, default=32, help="serving instances (GPUs)")
     p.add_argument(
         "--policies",
         default="smetric,bailian,lmetric,load_balance",
@@ -82,13 +102,33 @@ def parser() -> argparse.ArgumentParser:
         help="global-tier capacity / local capacity (inf = fully provisioned, "
         "0 = none); a comma list sweeps",
     )
-    p.add_argument("--profile", default="h20-qwen3-coder-30b-a3b")
+    p.add_argument(
+        "--profile",
+        default="h20-qwen3-coder-30b-a3b",
+        choices=profiles,
+        help="timing profile of an instance (engine/profiles)",
+    )
     p.add_argument("--gpu-kv-tokens", type=int, default=None, help="default: the profile's")
     p.add_argument("--host-kv-tokens", type=int, default=None, help="default: the profile's")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overload", type=float, default=d.overload)
-    p.add_argument("--overload-slack", type=float, default=d.overload_slack)
-    p.add_argument("--hit-ratio", type=float, default=d.hit_ratio)
+    p.add_argument("--seed", type=int, default=0, help="seeds tie-breaks and random policies")
+    p.add_argument(
+        "--overload",
+        type=float,
+        default=d.overload,
+        help="smetric: a sticky target above OVERLOAD x the mean load is overloaded (inf = off)",
+    )
+    p.add_argument(
+        "--overload-slack",
+        type=float,
+        default=d.overload_slack,
+        help="smetric: ... and also more than this many requests above the mean",
+    )
+    p.add_argument(
+        "--hit-ratio",
+        type=float,
+        default=d.hit_ratio,
+        help="smetric: a follow-up whose best hit is below HIT_RATIO x its history is balanced",
+    )
     p.add_argument(
         "--bailian-lambda",
         type=float,
@@ -105,13 +145,22 @@ def parser() -> argparse.ArgumentParser:
         default=PREFILL_OVERLOAD_SLACK,
         help="--pd: SMetric's overload slack in unprefilled tokens (replaces --overload-slack)",
     )
-    p.add_argument("--slo-ttft-base-s", type=float, default=slo.ttft_base_s)
-    p.add_argument("--slo-ttft-per-token-ms", type=float, default=slo.ttft_per_token_ms)
-    p.add_argument("--slo-tpot-ms", type=float, default=slo.tpot_ms)
-    p.add_argument("--window-s", type=float, default=30.0, help="imbalance window")
+    p.add_argument(
+        "--slo-ttft-base-s", type=float, default=slo.ttft_base_s, help="TTFT SLO: this ..."
+    )
+    p.add_argument(
+        "--slo-ttft-per-token-ms",
+        type=float,
+        default=slo.ttft_per_token_ms,
+        help="... plus this per input token",
+    )
+    p.add_argument("--slo-tpot-ms", type=float, default=slo.tpot_ms, help="TPOT SLO")
+    p.add_argument("--window-s", type=float, default=30.0, help="window of imbalance_mean, seconds")
     p.add_argument("--json", type=Path, default=None, help="write the results document here")
     p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this folder")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (shown on long runs)"
+    )
     return p
 
 
