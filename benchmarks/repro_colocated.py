@@ -32,7 +32,7 @@ from smetric_router.policies import make_policy
 from smetric_router.policies.base import PolicyParams
 from smetric_router.sim.cluster import Cluster, RunResult, arrival_order
 from smetric_router.sim.config import SimConfig
-from smetric_router.sim.metrics import summarize
+from smetric_router.sim.metrics import last_arrival_window, summarize, window_imbalance
 from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.loaders import load_trace
 from smetric_router.traces.schema import TraceRequest
@@ -91,28 +91,18 @@ def trace() -> list[TraceRequest]:
     return _trace
 
 
-def _imbalance(windows: Sequence[Sequence[float]], group: int, last: int) -> list[float]:
-    """max/mean per window of `group` x WINDOW_S, windows up to the one of the last arrival."""
-    out = []
-    for i in range(0, min(len(windows), last + 1), group):
-        load = np.sum(windows[i : i + group], axis=0)
-        if load.mean() > 0:
-            out.append(float(load.max() / load.mean()))
-    return out
-
-
 def _extra(res: RunResult) -> dict[str, Any]:
     tpot = [
         (r.finish - r.first_token) / (r.output_len - 1) * 1e3
         for r in res.records
         if r.first_token >= 0 and r.output_len > 1
     ]
-    last = int(max(r.arrival for r in res.records) // WINDOW_S)
+    last = last_arrival_window(res.records, WINDOW_S)
     return {
         "tpot_p95": float(np.percentile(tpot, 95)),
-        "imb30": _imbalance(res.window_tokens, 1, last),  # windows while requests arrive
-        "imbalance_with_drain": float(np.mean(_imbalance(res.window_tokens, 1, 1 << 30))),
-        "imb60": _imbalance(res.window_tokens, 2, last),
+        "imb30": window_imbalance(res.window_tokens, last),  # windows while requests arrive
+        "imbalance_with_drain": float(np.mean(window_imbalance(res.window_tokens, 1 << 30))),
+        "imb60": window_imbalance(res.window_tokens, last, group=2),
         "dropped": sum(r.first_token < 0 for r in res.records),
     }
 

@@ -36,12 +36,27 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
+def last_arrival_window(recs: Sequence[RequestRecord], window_s: float) -> int:
+    return int(max((r.arrival for r in recs), default=0.0) // window_s)
+
+
+def window_imbalance(windows: Sequence[Sequence[float]], last: int, group: int = 1) -> list[float]:
+    """max/mean instance load of each run of `group` windows up to window `last`, skipping
+    runs with no load."""
+    out = []
+    for i in range(0, min(len(windows), last + 1), group):
+        load = [sum(col) for col in zip(*windows[i : i + group], strict=True)]
+        total = sum(load)
+        if total > 0:
+            out.append(max(load) / (total / len(load)))
+    return out
+
+
 def imbalance_mean(
     windows: Sequence[Sequence[float]], recs: Sequence[RequestRecord], window_s: float
 ) -> float:
     """Mean max/mean over the windows with any load, up to the one holding the last arrival."""
-    last = int(max((r.arrival for r in recs), default=0.0) // window_s)
-    ratios = [max(w) / (sum(w) / len(w)) for w in windows[: last + 1] if sum(w) > 0]
+    ratios = window_imbalance(windows, last_arrival_window(recs, window_s))
     return float(np.mean(ratios)) if ratios else float("nan")
 
 
