@@ -1,11 +1,16 @@
 # Two commands do everything on a fresh machine (Python >= 3.10 with venv and pip):
 #   make run    set up .venv and start the embedded default stack (4 emulated workers + router on :30000)
-#   make test   set up .venv and run lint, type checks and the test suite (what CI runs via .ci/run)
+#   make test   set up .venv and .venv-sglang, run lint, type checks and the test suite (CI: .ci/run)
+# and one for real SGLang workers on CPU:
+#   make sglang  .venv-sglang: CPU torch 2.13.0, sglang 0.5.23 without CUDA deps, Mooncake, the
+#                peers smg/sglang-router, the project's patches applied (idempotent)
 VENV ?= .venv
 PY := $(VENV)/bin/python
+SGL_VENV ?= .venv-sglang
+SGL_PY := $(SGL_VENV)/bin/python
 ARGS ?=
 
-.PHONY: run test setup
+.PHONY: run test setup sglang
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -17,7 +22,22 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	$(PY) -m smetric_router.launch $(ARGS)
 
-test: setup
+sglang: $(SGL_VENV)/.installed
+	$(SGL_PY) -m smetric_router.patches apply
+
+# sglang and mooncake without their CUDA dependencies; the constraint keeps pip from swapping in a
+# CUDA torch. libibverbs1 is what Mooncake's native module links against.
+$(SGL_VENV)/.installed: sglang_env/requirements.txt sglang_env/constraints.txt pyproject.toml
+	dpkg -s libibverbs1 >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libibverbs1; }
+	python3 -m venv $(SGL_VENV)
+	$(SGL_PY) -m pip install -q --upgrade pip
+	$(SGL_PY) -m pip install -q torch==2.13.0
+	$(SGL_PY) -m pip install -q --no-deps sglang==0.5.23 mooncake-transfer-engine-non-cuda==0.3.13.post1
+	$(SGL_PY) -m pip install -q -c sglang_env/constraints.txt -r sglang_env/requirements.txt
+	$(SGL_PY) -m pip install -q --no-deps -e .
+	touch $@
+
+test: setup sglang
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy

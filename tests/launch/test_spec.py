@@ -34,7 +34,7 @@ def test_flags_override_the_spec() -> None:
     [
         ("router: {prot: 1}\n", "unknown keys"),
         ("routers: {}\n", "unknown sections"),
-        ("workers: {kind: sglang}\n", "not supported"),
+        ("workers: {kind: vllm}\n", "is unknown"),
         ("workers: {count: 0}\n", "count must be >= 1"),
         ("- a\n- b\n", "expected a mapping"),
     ],
@@ -64,8 +64,8 @@ def test_pd_router_gets_sglang_router_pd_flags() -> None:
         "http://127.0.0.1:41000", "http://127.0.0.1:41004", "http://127.0.0.1:41008"
     ]  # fmt: skip
     assert [w.bootstrap_port for w in plan] == [41003, 41007, None]
-    assert "--role" in plan[0].args and plan[0].args[plan[0].args.index("--role") + 1] == "prefill"
-    assert "--kv-events-port" not in plan[2].args
+    assert "--role" in plan[0].argv and plan[0].argv[plan[0].argv.index("--role") + 1] == "prefill"
+    assert "--kv-events-port" not in plan[2].argv
     args = router_args(spec, plan)
     tail = args[args.index("--pd-disaggregation") :]
     assert tail == [

@@ -1,0 +1,5 @@
+import sys
+
+from smetric_router.launch.cli import main
+
+sys.exit(main())

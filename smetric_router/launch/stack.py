@@ -1,0 +1,201 @@
+"""Start, watch and stop the processes of one cluster spec.
+
+Every local process runs as a child in its own process group; stop() takes them down in reverse
+start order (router, workers, then the Mooncake master). Processes for other hosts are printed for
+the operator to start there; the launcher then waits for their health like for its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from smetric_router.launch.kinds import plan_workers
+from smetric_router.launch.kinds.base import LOCAL_HOSTS, WorkerLaunch
+from smetric_router.launch.kinds.sglang import check_local_python, mooncake_master_argv
+from smetric_router.launch.ports import port_in_use
+from smetric_router.launch.spec import ClusterSpec
+
+log = logging.getLogger("smetric_router.launch")
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+_ROLE = {"null": "colocated", "prefill": "prefill", "decode": "decode"}
+
+
+def router_args(spec: ClusterSpec, workers: list[WorkerLaunch]) -> list[str]:
+    """The router's command line (after `python -m`) for these workers."""
+    r, pd = spec.router, spec.pd
+    args = ["smetric_router", "--host", r.host, "--port", str(r.port),
+            "--overload", str(r.overload), "--hit-ratio", str(r.hit_ratio)]  # fmt: skip
+    if spec.workers.kind == "sglang":
+        from smetric_router.launch.kinds.sglang import model_path
+
+        # the router must tokenize as the workers do
+        args += ["--tokenizer-path", model_path(spec.sglang)]
+    if pd is None:
+        args += ["--policy", r.policy, "--worker-urls", *(w.url for w in workers)]
+        return args + list(r.extra_args)
+    # sglang_router's PD spellings: --prefill URL BOOTSTRAP_PORT and --decode URL, repeated
+    args += ["--pd-disaggregation", "--prefill-policy", r.policy]
+    if pd.decode_policy:
+        args += ["--decode-policy", pd.decode_policy]
+    for w in workers:
+        if w.role == "prefill":
+            args += ["--prefill", w.url, str(w.bootstrap_port)]
+        elif w.role == "decode":
+            args += ["--decode", w.url]
+    return args + list(r.extra_args)
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes] | None  # None: runs on another host, started by the operator
+    ready_url: str
+    ready_timeout_s: float = READY_TIMEOUT_S
+
+
+class Stack:
+    """The processes of one launched cluster."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.children: list[Child] = []
+        self.workers: list[WorkerLaunch] = []
+        r = spec.router
+        self.url = f"http://{r.host}:{r.port}"
+
+    @property
+    def worker_urls(self) -> list[str]:
+        return [w.url for w in self.workers]
+
+    def _spawn(self, name: str, argv: list[str], ready_url: str, env: dict[str, str] | None = None,
+               ready_timeout_s: float = READY_TIMEOUT_S) -> Child:  # fmt: skip
+        log.info("starting %s: %s", name, " ".join(argv))
+        full_env = {**os.environ, **env} if env else None
+        proc = subprocess.Popen(argv, start_new_session=True, env=full_env)
+        child = Child(name, proc, ready_url, ready_timeout_s)
+        self.children.append(child)
+        return child
+
+    def start(self) -> None:
+        r = self.spec.router
+        if port_in_use(r.host, r.port):
+            raise RuntimeError(f"router port {r.host}:{r.port} is already in use (use --port)")
+        self.start_workers()
+        self._spawn("router", [sys.executable, "-m", *router_args(self.spec, self.workers)],
+                    f"{self.url}/readiness")  # fmt: skip
+        self._wait_ready(self.children[-1:])
+
+    def start_mooncake(self) -> None:
+        argv = mooncake_master_argv(self.spec)
+        m = self.spec.mooncake
+        if argv is None or m is None:
+            return
+        ready = f"http://{m.host}:{m.metrics_port}/metrics"
+        if m.host not in LOCAL_HOSTS:
+            print(f"# on {m.host}: start the Mooncake master\n{_shell(argv)}", flush=True)
+            self.children.append(Child("mooncake-master", None, ready))
+        else:
+            self._spawn("mooncake-master", list(argv), ready)
+        self._wait_ready(self.children[-1:])
+
+    def start_workers(self) -> None:
+        self.start_mooncake()
+        self.workers = plan_workers(self.spec)
+        started = []
+        for w in self.workers:
+            ready = f"{w.url}{w.ready_path}"
+            if not w.local:
+                print(f"# on {w.host}: start {w.name}\n{w.shell()}", flush=True)
+                child = Child(w.name, None, ready, w.ready_timeout_s)
+                self.children.append(child)
+            else:
+                check_local_python(w.argv[0])
+                child = self._spawn(w.name, list(w.argv), ready, dict(w.env), w.ready_timeout_s)
+            started.append(child)
+        self._wait_ready(started)
+
+    def _wait_ready(self, children: list[Child]) -> None:
+        start = time.monotonic()
+        pending = list(children)
+        while pending:
+            for c in list(pending):
+                if c.proc is not None and c.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"{c.name} exited with code {c.proc.returncode} during start-up"
+                    )
+                try:
+                    with urllib.request.urlopen(c.ready_url, timeout=1) as resp:
+                        if resp.status == 200:
+                            pending.remove(c)
+                            log.info("%s ready after %.1f s", c.name, time.monotonic() - start)
+                except (urllib.error.URLError, OSError):
+                    pass
+            late = [c for c in pending if time.monotonic() - start > c.ready_timeout_s]
+            if late:
+                names = ", ".join(f"{c.name} ({c.ready_url})" for c in late)
+                raise RuntimeError(f"not ready in time: {names}")
+            if pending:
+                time.sleep(0.2)
+
+    def dead_child(self) -> Child | None:
+        return next(
+            (c for c in self.children if c.proc is not None and c.proc.poll() is not None), None
+        )
+
+    def stop(self) -> None:
+        local = [c for c in self.children if c.proc is not None]
+        for c in reversed(local):
+            assert c.proc is not None
+            if c.proc.poll() is None:
+                _killpg(c.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for c in local:
+            assert c.proc is not None
+            try:
+                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop on SIGTERM; killing it", c.name)
+                _killpg(c.proc.pid, signal.SIGKILL)
+                c.proc.wait()
+            # SGLang's scheduler and detokenizer share the launcher's group: take stragglers too
+            _killpg(c.proc.pid, signal.SIGKILL)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _shell(argv: tuple[str, ...]) -> str:
+    return shlex.join(argv)
+
+
+def dry_run(spec: ClusterSpec) -> str:
+    """Every host's commands, grouped by host, in start order (what --dry-run prints)."""
+    workers = plan_workers(spec)
+    by_host: dict[str, list[str]] = {}
+    master = mooncake_master_argv(spec)
+    if master is not None and spec.mooncake is not None:
+        by_host.setdefault(spec.mooncake.host, []).append(f"# mooncake-master\n{_shell(master)}")
+    for w in workers:
+        by_host.setdefault(w.host, []).append(f"# {w.name} ({_ROLE[w.role]}, {w.url})\n{w.shell()}")
+    router = (sys.executable, "-m", *router_args(spec, workers))
+    where = f"{spec.router.host}:{spec.router.port}"
+    by_host.setdefault(spec.router.host, []).append(f"# router ({where})\n{_shell(router)}")
+    out = []
+    for host, cmds in by_host.items():
+        where = "this machine" if host in LOCAL_HOSTS else host
+        out.append(f"## on {where}\n" + "\n".join(cmds))
+    return "\n\n".join(out) + "\n"
