@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
+from smetric_router.features.hashing import page_hashes
 from smetric_router.policies import make_policy
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.errors import RouterError, bad_request, no_worker
@@ -24,7 +25,14 @@ from smetric_router.router.metrics import RouterMetrics, WorkerSample
 from smetric_router.router.pd import PdProxy
 from smetric_router.router.probe import Prober
 from smetric_router.router.proxy import Proxy
-from smetric_router.router.routing import Endpoint, Features, HitIndex, Router, TextTree
+from smetric_router.router.routing import (
+    DEFAULT_PAGE_SIZE,
+    Endpoint,
+    Features,
+    HitIndex,
+    Router,
+    TextTree,
+)
 from smetric_router.router.workers import Role, WorkerRegistry, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -321,6 +329,31 @@ async def handle_list_workers(request: web.Request) -> web.Response:
     return web.json_response({"workers": workers}, dumps=_dumps)
 
 
+async def handle_prefix_match(request: web.Request) -> web.Response:
+    """What the router's KV-event index says each worker caches of given token ids, per tier, in
+    the shape of the patched workers' /smetric/prefix_match (device; host = device or host)."""
+    state = request.app[STATE]
+    try:
+        if state.hits is None:
+            raise RouterError(409, "The router runs without a KV-event index (--cache-view "
+                              "probe or --no-kv-events): ask the workers.")  # fmt: skip
+        _, body = await read_json_object(request, state.config.max_body_bytes)
+        ids: Any = body.get("input_ids")
+        batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+        prompts: list[Any] = ids if batch else [ids]
+        if not all(isinstance(p, list) and all(type(t) is int for t in p) for p in prompts):
+            raise bad_request("'input_ids' must be a list of token ids, or a list of such lists.",
+                              param="input_ids")  # fmt: skip
+        page_size = state.registry.page_size or DEFAULT_PAGE_SIZE
+        results = []
+        for prompt in prompts:
+            hits = state.hits.match(page_hashes(prompt, page_size), page_size)
+            results.append({w: {"device": g, "host": h} for w, (g, h) in hits.items()})
+    except RouterError as e:
+        return e.response()
+    return web.json_response({"page_size": page_size, "results": results}, dumps=_dumps)
+
+
 async def handle_add_worker(request: web.Request) -> web.Response:
     state = request.app[STATE]
     try:
@@ -429,6 +462,7 @@ def build_app(state: RouterState) -> web.Application:
     app.router.add_post("/workers", handle_add_worker)
     app.router.add_delete("/workers", handle_remove_worker)
     app.router.add_route("*", "/flush_cache", handle_flush_cache)
+    app.router.add_post("/smetric/prefix_match", handle_prefix_match)
     return app
 
 
