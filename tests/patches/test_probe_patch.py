@@ -75,3 +75,15 @@ def test_parser_rejects_a_miscounted_hunk() -> None:
     except (AssertionError, IndexError):
         return
     raise AssertionError("a hunk with wrong counts parsed")
+
+
+def test_host_figure_without_a_read_only_host_walk() -> None:
+    """Tree cores without a host walk (the Rust core): host = device without a host tier;
+    otherwise the cache walks like touch_prefix and applies the walk's cache actions."""
+    added = {path: "\n".join(lines) for path, lines in parse(PATCH.read_text()).items()}
+    iface = added["sglang/srt/mem_cache/unified_cache/unified_tree_core_interface.py"]
+    assert 'None if getattr(self, "enable_hicache", True) else device_len' in iface
+    cache = added["sglang/srt/mem_cache/unified_radix_cache.py"]
+    assert "result = self.tree_core.match_prefix(MatchPrefixParams(key=key))" in cache
+    assert "self._apply_cache_actions(result.cache_actions)" in cache
+    assert "return device_len, max(device_len, result.full_kv_hit_length)" in cache
