@@ -159,7 +159,10 @@ class Stack:
         for c in reversed(local):
             assert c.proc is not None
             if c.proc.poll() is None:
-                _killpg(c.proc.pid, signal.SIGTERM)
+                # the group leader only: SGLang's launcher then stops its scheduler and
+                # detokenizer itself (signalling those directly makes it dump crash diagnostics)
+                with contextlib.suppress(ProcessLookupError):
+                    c.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for c in local:
             assert c.proc is not None
