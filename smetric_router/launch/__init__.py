@@ -4,6 +4,7 @@
     python -m smetric_router.launch --workers 8 --policy load_balance --port 31000
     python -m smetric_router.launch --config launch/emulated-pd.yaml   # PD: 4 prefill + 2 decode
     python -m smetric_router.launch --config launch/sglang-cpu.yaml    # 2 real SGLang workers (CPU)
+    python -m smetric_router.launch --config launch/sglang-cpu-pd.yaml # real prefill + decode (CPU)
     python -m smetric_router.launch --config launch/sglang-h20.yaml --dry-run   # GPU nodes
 
 Modules: spec (the YAML as frozen dataclasses), kinds (one module per worker kind, behind one

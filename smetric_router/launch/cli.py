@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
         "ready, print the URL, and stop everything on Ctrl-C/SIGTERM. Without --config: 4 "
         "emulated SGLang workers (a test and benchmark tool whose timing comes from a model of "
         "an H20 GPU, not from running a model). launch/sglang-cpu.yaml starts real SGLang "
-        "workers on CPU (needs `make sglang`); launch/sglang-h20.yaml and sglang-h20-pd.yaml "
+        "workers on CPU (needs `make sglang`), launch/sglang-cpu-pd.yaml a real prefill and "
+        "decode pair on CPU; launch/sglang-h20.yaml and sglang-h20-pd.yaml "
         "describe GPU clusters (see --dry-run).",
     )
     p.add_argument(

@@ -46,7 +46,9 @@ class SglangSpec:
     python: str = ""  # interpreter with sglang; empty: $SMETRIC_SGLANG_PYTHON, else .venv-sglang
     tp_size: int = 1
     gpus_per_worker: int = 0  # cuda: consecutive CUDA_VISIBLE_DEVICES per worker on its host
-    hosts: tuple[str, ...] = ()  # one per worker (cycled); empty: all on the router's host
+    hosts: tuple[str, ...] = ()  # workers' hosts, cycled in start order; empty: this machine
+    decode_hosts: tuple[str, ...] = ()  # PD: decode instances' hosts (cycled); empty: `hosts`
+    tokenizer_path: str = ""  # the router's --tokenizer-path; empty: the model path
     max_total_tokens: int = 65536  # 0: SGLang sizes the KV pool from memory
     mem_fraction_static: float = 0.0  # 0: SGLang's default
     hicache: bool = True  # HiCache host tier (L2)
@@ -105,7 +107,7 @@ SECTIONS = {"router", "workers", "pd", "sglang", "mooncake", "global_tier"}
 def _value(key: str, v: Any) -> Any:
     if key == "env" and isinstance(v, dict):
         return tuple((str(k), str(x)) for k, x in v.items())
-    if key.endswith("extra_args") or key == "hosts":
+    if key.endswith("extra_args") or key.endswith("hosts"):
         if not isinstance(v, list):
             raise ValueError(f"{key}: expected a list")
         return tuple(str(a) for a in v)

@@ -21,7 +21,11 @@ from dataclasses import dataclass
 
 from smetric_router.launch.kinds import plan_workers
 from smetric_router.launch.kinds.base import LOCAL_HOSTS, WorkerLaunch
-from smetric_router.launch.kinds.sglang import check_local_python, mooncake_master_argv
+from smetric_router.launch.kinds.sglang import (
+    check_local_python,
+    mooncake_master_argv,
+    tokenizer_path,
+)
 from smetric_router.launch.ports import port_in_use
 from smetric_router.launch.spec import ClusterSpec
 
@@ -38,10 +42,8 @@ def router_args(spec: ClusterSpec, workers: list[WorkerLaunch]) -> list[str]:
     args = ["smetric_router", "--host", r.host, "--port", str(r.port),
             "--overload", str(r.overload), "--hit-ratio", str(r.hit_ratio)]  # fmt: skip
     if spec.workers.kind == "sglang":
-        from smetric_router.launch.kinds.sglang import model_path
-
         # the router must tokenize as the workers do
-        args += ["--tokenizer-path", model_path(spec.sglang)]
+        args += ["--tokenizer-path", tokenizer_path(spec.sglang)]
     if pd is None:
         args += ["--policy", r.policy, "--worker-urls", *(w.url for w in workers)]
         return args + list(r.extra_args)
@@ -196,7 +198,8 @@ def dry_run(spec: ClusterSpec) -> str:
         by_host.setdefault(w.host, []).append(f"# {w.name} ({_ROLE[w.role]}, {w.url})\n{w.shell()}")
     router = (sys.executable, "-m", *router_args(spec, workers))
     where = f"{spec.router.host}:{spec.router.port}"
-    by_host.setdefault(spec.router.host, []).append(f"# router ({where})\n{_shell(router)}")
+    # the router always runs where the launcher does
+    by_host.setdefault("127.0.0.1", []).append(f"# router ({where})\n{_shell(router)}")
     out = []
     for host, cmds in by_host.items():
         where = "this machine" if host in LOCAL_HOSTS else host

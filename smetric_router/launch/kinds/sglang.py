@@ -120,7 +120,9 @@ def mooncake_env(m: MooncakeSpec, host: str) -> dict[str, str]:
     return env
 
 
-def worker_env(spec: ClusterSpec, host: str, gpus: str | None) -> dict[str, str]:
+def worker_env(
+    spec: ClusterSpec, host: str, gpus: str | None, role: str = "null"
+) -> dict[str, str]:
     s = spec.sglang
     env: dict[str, str] = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if s.device == "cpu":
@@ -133,6 +135,8 @@ def worker_env(spec: ClusterSpec, host: str, gpus: str | None) -> dict[str, str]
         env["SGLANG_USE_CPU_ENGINE"] = "0"  # 1 selects Intel's CPU sgl-kernel, not installed
     if host in LOCAL_HOSTS:
         env["SGLANG_HOST_IP"] = "127.0.0.1"  # else PD's KV sockets pick the first NIC
+        if role != "null":
+            env["MC_TCP_BIND_ADDRESS"] = "127.0.0.1"  # Mooncake's TCP transport, for PD's KV
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     if spec.mooncake is not None:
@@ -141,10 +145,19 @@ def worker_env(spec: ClusterSpec, host: str, gpus: str | None) -> dict[str, str]
     return env
 
 
+def _host(s: SglangSpec, role: str, i: int) -> str:
+    hosts = s.decode_hosts if role == "decode" and s.decode_hosts else s.hosts
+    return hosts[i % len(hosts)] if hosts else "127.0.0.1"
+
+
+def tokenizer_path(s: SglangSpec) -> str:
+    return s.tokenizer_path or model_path(s)
+
+
 def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
     w, s, pd = spec.workers, spec.sglang, spec.pd
     roles = ["null"] * w.count if pd is None else ["prefill"] * pd.prefill + ["decode"] * pd.decode
-    hosts = [s.hosts[i % len(s.hosts)] if s.hosts else "127.0.0.1" for i in range(len(roles))]
+    hosts = [_host(s, role, roles[:i].count(role)) for i, role in enumerate(roles)]
     # per worker: HTTP, KV events, replay, bootstrap (used by prefill only)
     ports = port_source(w.base_port, 4 * len(roles), avoid=spec.router.port)
     python = sglang_python(s)
@@ -168,7 +181,7 @@ def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
         url_host = "127.0.0.1" if host in LOCAL_HOSTS else host
         out.append(WorkerLaunch(
             name=f"{names[role]}-{i}", url=f"http://{url_host}:{http}", argv=argv, role=role,
-            bootstrap_port=boot, env=tuple(worker_env(spec, host, gpus).items()), host=host,
+            bootstrap_port=boot, env=tuple(worker_env(spec, host, gpus, role).items()), host=host,
             ready_timeout_s=s.startup_timeout_s,
         ))  # fmt: skip
     return out
