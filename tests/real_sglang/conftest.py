@@ -9,16 +9,15 @@ a missing environment is a failure, not a skip.
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from smetric_router.launch import ClusterSpec, RouterSpec, SglangSpec, Stack, WorkerSpec, free_port
-from smetric_router.launch.kinds.sglang import TINY_MODEL_NAME, sglang_python
+from smetric_router.launch.kinds.sglang import TINY_MODEL_NAME
+from tests.sglang_env import require_sglang_python
 
 pytestmark = pytest.mark.sglang
 
@@ -29,13 +28,7 @@ MAX_TOTAL_TOKENS = 6144
 
 
 def require_sglang_env() -> None:
-    python = sglang_python(SglangSpec())
-    if Path(python).exists():
-        return
-    msg = f"no CPU SGLang environment at {python}: run `make sglang`"
-    if os.environ.get("SMETRIC_REQUIRE_SGLANG") == "1":
-        pytest.fail(msg)
-    pytest.skip(msg)
+    require_sglang_python()
 
 
 def sglang_spec(
@@ -52,7 +45,7 @@ def sglang_spec(
 @pytest.fixture(scope="package")
 def sglang_stack() -> Iterator[Stack]:
     """2 real SGLang workers + the SMetric router, shared by the package's tests (start: ~1 min)."""
-    require_sglang_env()
+    require_sglang_python()
     stack = Stack(sglang_spec())
     try:
         stack.start()
