@@ -8,8 +8,10 @@ each per prompt. The same body goes to both at once and the client gets the deco
 
 Prefill done = the earliest of: the prefill's reply ending (SGLang's prefill answers once the KV
 is handed over) or the decode's first body byte (a decode cannot emit before it holds the KV).
-That ends the prefill's unprefilled-token count. Until then the router bounds the wait by
---pd-handover-timeout-secs, so a prefill that never hands over its KV cannot hang a client.
+That ends the prefill's unprefilled-token count, which so also covers the prefill's bootstrap
+queue (waiting for the decode's handshake), left out of SGLang's num_waiting_uncached_tokens.
+Until then the router bounds the wait by --pd-handover-timeout-secs, so a prefill that never hands
+over its KV cannot hang a client.
 
 Faults: a prefill or decode failing before the decode's first byte reached us (refused, 5xx,
 dropped) ends the attempt on both sides and the pair is re-chosen without that instance; after

@@ -11,6 +11,10 @@ failed poll) is ignored. What is counted depends on the role (summed over DP ran
 - PD prefill: unprefilled tokens; own = prompt tokens dispatched minus the hit the view showed,
   until the prefill is done; reported = num_waiting_uncached_tokens. (total_prefill_uncached_tokens
   is a cumulative counter of prefilled tokens in SGLang and in the emulator, not a queue: unused.)
+  SGLang 0.5.23 leaves the PD bootstrap queue (requests whose decode has not handshaken yet) out of
+  num_waiting_uncached_tokens; the own count covers them from dispatch on, and as the report only
+  ever adds a foreign share, never replaces or lowers the own count, they are not lost. The cost:
+  while ours wait in bootstrap, other routers' tokens count only beyond our own.
 - PD decode: KV tokens in use; own = prompt tokens of requests in flight; reported =
   num_used_tokens.
 """
