@@ -1,6 +1,8 @@
 """A KV-event publisher speaking SGLang 0.5.23's ZMQ wire protocol (used by the emulated worker).
 
-PUB frames: [topic, seq (8-byte big-endian), msgpack KVEventBatch]; seq starts at 0.
+PUB frames: [topic, seq (8-byte big-endian), msgpack KVEventBatch]; seq starts at 0. The PUB
+socket binds its endpoint, or with bind=False connects to it (SGLang's `--kv-events-config`
+without `"bind": true` and a concrete host); the replay socket always binds.
 Replay (ROUTER): request [identity, b"", start_seq]; reply one [identity, b"", topic, seq, payload]
 per buffered batch with seq >= start_seq, then the end marker [identity, b"", b"", -1, b""].
 
@@ -44,14 +46,19 @@ class KvEventPublisher:
         topic: str = "",
         buffer_steps: int = 10000,
         hwm: int = 100000,
+        bind: bool = True,
     ) -> None:
         self._topic = topic.encode()
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind(endpoint)
-        self.endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoint: str = endpoint
+        if bind:
+            self._pub.bind(endpoint)
+            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:  # SGLang's publisher without "bind" and a concrete host: the subscriber binds
+            self._pub.connect(endpoint)
         self._replay: zmq.Socket[bytes] | None = None
         self.replay_endpoint: str | None = None
         if replay_endpoint is not None:

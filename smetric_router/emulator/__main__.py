@@ -20,6 +20,7 @@ from smetric_router.emulator.config import (
     SGLANG_VERSION,
     EmulatorConfig,
 )
+from smetric_router.emulator.kv_config import KvEventsConfig
 from smetric_router.emulator.server import make_app, start_server
 from smetric_router.engine.api import EngineConfig
 from smetric_router.engine.engine import Engine
@@ -54,6 +55,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--kv-events-replay-port", type=int, default=None, help="ZMQ replay (ROUTER) port"
     )
     p.add_argument("--kv-events-topic", default="", help="topic of the KV-event frames")
+    p.add_argument(
+        "--kv-events-config",
+        default=None,
+        help="SGLang's KV-event JSON instead of the --kv-events-* ports, e.g. "
+        '\'{"publisher":"zmq","endpoint":"tcp://127.0.0.1:5557","bind":true}\'; as in SGLang the '
+        'PUB socket binds only with "bind": true or a wildcard host (tcp://*:P), else it '
+        "connects to the endpoint",
+    )
     p.add_argument("--profile", default=d.profile, help="engine timing profile name")
     p.add_argument(
         "--gpu-kv-tokens", type=int, default=d.gpu_kv_tokens, help="GPU-tier KV capacity (tokens)"
@@ -117,6 +126,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--transfer-gbps and --decode-kv-timeout-secs must be positive")
     if args.kv_events_replay_port is not None and args.kv_events_port is None:
         p.error("--kv-events-replay-port needs --kv-events-port")
+    if args.kv_events_config is not None:
+        if args.kv_events_port is not None:
+            p.error("--kv-events-config and --kv-events-port are alternatives; give one")
+        try:
+            KvEventsConfig.from_json(args.kv_events_config)
+        except ValueError as exc:
+            p.error(str(exc))
     return args
 
 
@@ -129,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         kv_events_port=args.kv_events_port,
         kv_events_replay_port=args.kv_events_replay_port,
         kv_events_topic=args.kv_events_topic,
+        kv_events_config=args.kv_events_config,
         speedup=args.speedup,
         role=args.role,
         bootstrap_port=args.disaggregation_bootstrap_port,

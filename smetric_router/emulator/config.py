@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from smetric_router.emulator.kv_config import KvEventsConfig
 from smetric_router.engine.api import EngineConfig
 
 NOTICE = (
@@ -32,6 +33,7 @@ class EmulatorConfig:
     kv_events_port: int | None = None  # ZMQ PUB port; None: events off
     kv_events_replay_port: int | None = None
     kv_events_topic: str = ""
+    kv_events_config: str | None = None  # SGLang's --kv-events-config JSON; overrides the ports
     speedup: float = 1.0  # model seconds per wall second
     role: Role = "null"
     bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT  # prefill: where decode fetches its KV
@@ -39,27 +41,19 @@ class EmulatorConfig:
     decode_kv_timeout_s: float = DEFAULT_DECODE_KV_TIMEOUT_S  # decode: wall seconds to wait for KV
     engine: EngineConfig = field(default_factory=EngineConfig)
 
-    @property
-    def kv_events_endpoint(self) -> str | None:
-        return None if self.kv_events_port is None else f"tcp://{self.host}:{self.kv_events_port}"
-
-    @property
-    def kv_events_replay_endpoint(self) -> str | None:
-        port = self.kv_events_replay_port
-        return None if port is None or self.kv_events_port is None else f"tcp://{self.host}:{port}"
-
-    def kv_events_descriptor(self) -> dict[str, object] | None:
-        """/server_info's `kv_events`, shaped as SGLang's describe_kv_events_publisher builds it."""
+    def kv_events(self) -> KvEventsConfig | None:
+        """The publisher's settings: --kv-events-config as SGLang reads it, else --kv-events-port
+        (bound on `host`, like `"bind": true`); None when off."""
+        if self.kv_events_config is not None:
+            cfg = KvEventsConfig.from_json(self.kv_events_config)
+            return cfg if cfg.enabled else None
         if self.kv_events_port is None:
             return None
-        d: dict[str, object] = {
-            "publisher": "zmq",
-            "endpoint_host": self.host,
-            "endpoint_port_base": self.kv_events_port,
-            "topic": self.kv_events_topic,
-            "block_size": self.engine.page_size,
-            "dp_size": 1,
-        }
-        if self.kv_events_replay_port is not None:
-            d["replay_endpoint_port_base"] = self.kv_events_replay_port
-        return d
+        return KvEventsConfig.bound(
+            self.host, self.kv_events_port, self.kv_events_replay_port, self.kv_events_topic
+        )
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        cfg = self.kv_events()
+        return None if cfg is None else cfg.endpoint

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from smetric_router.core.kv_events import KVCacheEvent
-from smetric_router.engine.api import CachedTokens, EngineModel, EngineRequest
+from smetric_router.engine.api import CachedTokens, EngineModel, EngineRequest, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,12 @@ class Tracked:
     output_ids: list[int]
     counted: bool  # health probes stay out of the counters, as in SGLang
     started: float = field(default_factory=time.monotonic)
+    # wall-clock moments (meta_info's timing keys): arrival, admission, first token (or the
+    # end of the prefill, when no output is asked for), end
+    received_wall: float = field(default_factory=time.time)
+    admitted_wall: float | None = None
+    first_token_wall: float | None = None
+    finished_wall: float | None = None
     n_out: int = 0
     cached: CachedTokens | None = None
     finished: bool = False
@@ -60,6 +66,23 @@ class Counters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     cached_tokens: int = 0
+    # /v1/loads' step accounting, in model time: a step that admitted no request and emitted
+    # tokens is a decode step; any other step counts as prefill busy time
+    prefill_busy_us: int = 0
+    # SGLang's decode_moments: [steps, sum batch, sum step_us, sum batch^2, sum batch*us, sum gen]
+    decode_moments: list[float] = field(default_factory=lambda: [0.0] * 6)
+
+    def account(self, result: StepResult) -> None:
+        us = int(result.duration * 1e6)
+        if us <= 0:
+            return
+        if result.scheduled or not result.emitted:
+            self.prefill_busy_us += us
+            return
+        b = float(len(result.emitted))
+        g = float(sum(n for _, n in result.emitted))
+        for i, x in enumerate((1.0, b, float(us), b * b, b * us, g)):
+            self.decode_moments[i] += x
 
 
 class EngineRunner:
@@ -214,6 +237,7 @@ class EngineRunner:
                 # caught up, so a slow client never sees a burst of catch-up steps.
                 target = max(target + result.duration / self._speedup, loop.time())
                 await asyncio.sleep(target - loop.time())
+                self.counters.account(result)
                 self._deliver(result.scheduled, result.emitted, result.finished)
                 self._emit(result.kv_events)
                 if self._step_waiter is not None:
@@ -236,10 +260,13 @@ class EngineRunner:
         finished: list[str],
     ) -> None:
         c = self.counters
+        now = time.time()
         for rid, cached in scheduled:
             t = self._tracked.get(rid)
             if t is None:
                 continue
+            if t.admitted_wall is None:
+                t.admitted_wall = now
             if t.cached is None:  # a PD decode already holds its prefill's report
                 t.cached = cached
             if t.counted:
@@ -250,6 +277,8 @@ class EngineRunner:
             if t is None:
                 continue
             t.n_out = min(t.n_out + n, len(t.output_ids))
+            if t.first_token_wall is None:
+                t.first_token_wall = now
             if t.counted:
                 c.generation_tokens += n
             t.changed.set()
@@ -262,6 +291,9 @@ class EngineRunner:
                 t.abort_message = "request does not fit the KV cache"
             else:
                 t.finished = True
+                t.finished_wall = now
+                if t.first_token_wall is None:  # no output asked for: its prefill just ended
+                    t.first_token_wall = now
                 if t.on_finish is not None:
                     t.on_finish(t)
             t.changed.set()

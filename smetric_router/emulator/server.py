@@ -7,23 +7,23 @@ progress (one SSE chunk per engine step that advanced the request) or wait for t
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
-import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime, timezone
 from typing import Any, cast
 
 import aiohttp
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from smetric_router.cluster.publisher import KvEventPublisher
 from smetric_router.core.kv_events import AnyEvent, KVCacheEvent
+from smetric_router.emulator import loads as v1_loads
+from smetric_router.emulator import replies
 from smetric_router.emulator.answer import Answer, make_answer
 from smetric_router.emulator.config import (
     DEFAULT_BOOTSTRAP_PORT,
@@ -32,6 +32,15 @@ from smetric_router.emulator.config import (
     NOTICE,
     SGLANG_VERSION,
     EmulatorConfig,
+)
+from smetric_router.emulator.errors import (
+    VALIDATION,
+    BadRequest,
+    fastapi_errors,
+    generate_error,
+    json_response,
+    openai_body,
+    openai_error,
 )
 from smetric_router.emulator.faults import Faults
 from smetric_router.emulator.metrics import make_registry
@@ -54,7 +63,10 @@ log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT's default
 KV_TRANSFER_FAILED = 500  # SGLang aborts a decode whose KV transfer failed as an internal error
 GENERATION_PATHS = frozenset({"/generate", "/v1/chat/completions", "/v1/completions"})
+DEFAULT_REQUEST_MODEL = "default"  # what SGLang echoes for an OpenAI request without "model"
+SSE_TYPE = "text/event-stream; charset=utf-8"
 _DIE_KEY = web.RequestKey("emulator_die_mid_stream", bool)
+_NO_CONTENT_TYPE = "emulator_no_content_type"  # a response SGLang sends without a media type
 Json = dict[str, Any]
 
 
@@ -68,6 +80,7 @@ class Emulator:
         self.faults = Faults()
         self.registry = make_registry(self.runner, config.model_name)
         self.started = time.time()
+        self.startup_s = 0.0  # seconds from construction to a running engine loop
         self._publisher: KvEventPublisher | None = None
         self.rooms = Rooms()  # PD prefill: KV offered to decode instances
         self._bootstrap: web.AppRunner | None = None
@@ -82,10 +95,11 @@ class Emulator:
             self._publisher.publish(cast("list[AnyEvent]", events))
 
     async def start(self) -> None:
-        endpoint = self.config.kv_events_endpoint
-        if endpoint is not None:
+        kv = self.config.kv_events()
+        endpoint = None if kv is None else kv.endpoint
+        if kv is not None:
             self._publisher = KvEventPublisher(
-                endpoint, self.config.kv_events_replay_endpoint, topic=self.config.kv_events_topic
+                kv.endpoint, kv.replay_endpoint, kv.topic, kv.buffer_steps, kv.hwm, kv.binds
             )
         if self.config.role == "prefill":
             self._bootstrap = await start_server(
@@ -94,9 +108,10 @@ class Emulator:
         elif self.config.role == "decode":
             self._http = aiohttp.ClientSession()
         self.runner.start()
+        self.startup_s = time.time() - self.started
         log.info(
             "engine loop started; kv events: %s; disaggregation mode: %s",
-            endpoint or "off",
+            "off" if kv is None else f"{'bound' if kv.binds else 'connected'} {endpoint}",
             self.config.role,
         )
 
@@ -137,42 +152,44 @@ EMULATOR = web.AppKey("emulator", Emulator)
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def _json(obj: object, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
-
-
-def _openai_error(message: str, status: int, err_type: str = "BadRequestError") -> web.Response:
-    body = {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
-    return _json(body, status)
-
-
-class _BadRequest(ValueError):
-    pass
-
-
 async def _body(request: web.Request) -> Json:
+    """The JSON object body; what FastAPI's request validation rejects is a validation error."""
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
-        raise _BadRequest(f"malformed JSON body: {exc}") from exc
+        raise BadRequest(f"JSON decode error: {exc}", validation=True) from exc
     if not isinstance(body, dict):
-        raise _BadRequest("the request body must be a JSON object")
+        raise BadRequest("Input should be a valid dictionary", validation=True)
     return body
 
 
-def _positive_int(value: object, name: str, default: int) -> int:
+def _new_tokens(value: object, name: str, default: int, minimum: int) -> int:
+    """A token budget: SGLang's sampling check says `at least 0`; the emulator's OpenAI answers
+    need one token (minimum 1)."""
     if value is None:
         return default
-    if type(value) is not int or value < 1:
-        raise _BadRequest(f"{name} must be a positive integer")
+    if type(value) is not int:
+        raise BadRequest(f"{name}: Input should be a valid integer", validation=True)
+    if value < 0:
+        raise BadRequest(f"{name} must be at least 0, got {value}.")
+    if value < minimum:
+        raise BadRequest(f"the emulator answers with at least {minimum} token ({name})")
     return value
+
+
+def _temperature(params: Json) -> None:
+    t = params.get("temperature")
+    if t is None:
+        return
+    if type(t) not in (int, float) or not math.isfinite(t) or t < 0:
+        raise BadRequest(f"temperature must be a non-negative finite number, got {t}.")
 
 
 def _token_ids(value: object, name: str) -> list[int]:
     if not isinstance(value, list) or not all(type(i) is int and i >= 0 for i in value):
-        raise _BadRequest(f"{name} must be a list of token ids")
+        raise BadRequest(f"{name} must be a list of token ids")
     if not value:
-        raise _BadRequest(f"{name} is empty")
+        raise BadRequest(f"{name} is empty")
     return value
 
 
@@ -201,9 +218,7 @@ def _drop_connection(request: web.Request) -> None:
 
 
 async def _sse(request: web.Request, events: AsyncIterator[Json]) -> web.StreamResponse:
-    resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
+    resp = web.StreamResponse(headers={"Content-Type": SSE_TYPE, "Cache-Control": "no-cache"})
     await resp.prepare(request)
     die = request.get(_DIE_KEY, False)
     async for ev in events:
@@ -214,16 +229,6 @@ async def _sse(request: web.Request, events: AsyncIterator[Json]) -> web.StreamR
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
-
-
-def _cached_details(t: Tracked) -> Json:
-    c = t.cached
-    if c is None:
-        return {"device": 0, "host": 0}
-    d: Json = {"device": c.device, "host": c.host}
-    if c.storage:
-        d["storage"] = c.storage
-    return d
 
 
 def _finish_reason(t: Tracked, answer: Answer) -> Json | None:
@@ -241,17 +246,6 @@ def _openai_finish(t: Tracked, answer: Answer) -> str | None:
     return None if reason is None else str(reason["type"])
 
 
-def _usage(t: Tracked) -> Json:
-    prompt = len(t.input_ids)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": t.n_out,
-        "total_tokens": prompt + t.n_out,
-        "prompt_tokens_details": {"cached_tokens": t.cached_total},
-        "reasoning_tokens": 0,
-    }
-
-
 # --- fault injection ----------------------------------------------------------------------------
 
 
@@ -264,7 +258,7 @@ async def _fault_middleware(
     faults = request.app[EMULATOR].faults
     status = faults.take_fail()
     if status is not None:
-        return _openai_error("injected fault: request refused", status, "ServiceUnavailable")
+        return openai_error("injected fault: request refused", status, "ServiceUnavailable")
     await faults.wait_unstalled()
     request[_DIE_KEY] = faults.take_die()
     return await handler(request)
@@ -276,8 +270,8 @@ async def faults_handler(request: web.Request) -> web.Response:
         try:
             faults.update(await _body(request))
         except ValueError as exc:
-            return _openai_error(str(exc), 400)
-    return _json(faults.state())
+            return openai_error(str(exc), 400)
+    return json_response(faults.state())
 
 
 # --- generation ---------------------------------------------------------------------------------
@@ -288,14 +282,14 @@ def _pairing(body: Json, role: str) -> tuple[int, str, int]:
     try:
         room = parse_room(body.get("bootstrap_room"))
     except ValueError as exc:
-        raise _BadRequest(f"{role} instance: {exc}") from exc
+        raise BadRequest(f"{role} instance: {exc}") from exc
     host, port = body.get("bootstrap_host"), body.get("bootstrap_port")
     if port is None:
         port = DEFAULT_BOOTSTRAP_PORT
     if role == "decode" and (not isinstance(host, str) or not host):
-        raise _BadRequest("decode instance: bootstrap_host must name the prefill's host")
+        raise BadRequest("decode instance: bootstrap_host must name the prefill's host")
     if type(port) is not int or not 0 < port < 65536:
-        raise _BadRequest("bootstrap_port must be a port number")
+        raise BadRequest("bootstrap_port must be a port number")
     return room, host if isinstance(host, str) else "", port
 
 
@@ -312,7 +306,7 @@ class _Submission:
     ) -> None:
         user_rid = body.get("rid")
         if user_rid is not None and not isinstance(user_rid, str):
-            raise _BadRequest("rid must be a string")
+            raise BadRequest("rid: Input should be a valid string", validation=True)
         self.rid = user_rid or uuid.uuid4().hex
         self.answer = make_answer(em.codec, prompt, max_tokens, user_rid, end_turn)
         self.created = int(time.time())
@@ -320,7 +314,8 @@ class _Submission:
         try:
             if role == "prefill":
                 room, _, _ = _pairing(body, role)
-                self.answer = self.answer.first_token(em.codec)
+                if self.answer.output_ids:
+                    self.answer = self.answer.first_token(em.codec)
                 withhold = em.faults.take_withhold()
                 self.t = runner.submit(
                     self.rid,
@@ -340,12 +335,12 @@ class _Submission:
             else:
                 self.t = runner.submit(self.rid, prompt, self.answer.output_ids)
         except DuplicateRid as exc:
-            raise _BadRequest(str(exc)) from exc
+            raise BadRequest(str(exc)) from exc
 
 
 def _error_body(message: str, status: int) -> Json:
     err_type = "InternalServerError" if status >= 500 else "BadRequestError"
-    return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+    return openai_body(message, status, err_type)
 
 
 async def _or_error(t: Tracked, events: AsyncIterator[Json]) -> AsyncIterator[Json]:
@@ -377,71 +372,91 @@ async def _run(
         await _finished(t)
         if t.error_status is not None:
             body = _error_body(t.abort_message or "request failed", t.error_status)
-            return _json(body if request.path != "/generate" else {"error": body}, t.error_status)
-        return _json(whole())
+            wrapped = body if request.path != "/generate" else {"error": body}
+            return json_response(wrapped, t.error_status)
+        return json_response(whole())
     finally:
         runner.release(sub.rid)
+
+
+def _generate_prompt(em: Emulator, body: Json) -> tuple[list[int], int]:
+    text, ids = body.get("text"), body.get("input_ids")
+    if text is None and ids is None:
+        raise BadRequest("Either text, input_ids or input_embeds should be provided.")
+    if text is not None and ids is not None:
+        raise BadRequest("Either text or input_ids should be provided, not both.")
+    if text is not None and not isinstance(text, str):
+        raise BadRequest("the emulator serves one prompt per request: text must be a string")
+    prompt = em.codec.encode(text) if isinstance(text, str) else _token_ids(ids, "input_ids")
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("sampling_params: Input should be a valid dictionary", validation=True)
+    _temperature(params)
+    n = _new_tokens(params.get("max_new_tokens"), "max_new_tokens", DEFAULT_MAX_NEW_TOKENS, 0)
+    return prompt, n
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     em = request.app[EMULATOR]
     try:
         body = await _body(request)
-        text, ids = body.get("text"), body.get("input_ids")
-        if (text is None) == (ids is None):
-            raise _BadRequest("Either text or input_ids should be provided.")
-        if text is not None and not isinstance(text, str):
-            raise _BadRequest("the emulator serves one prompt per request: text must be a string")
-        prompt = em.codec.encode(text) if isinstance(text, str) else _token_ids(ids, "input_ids")
-        params = body.get("sampling_params") or {}
-        if not isinstance(params, dict):
-            raise _BadRequest("sampling_params must be an object")
-        n = _positive_int(params.get("max_new_tokens"), "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+        prompt, n = _generate_prompt(em, body)
         sub = _Submission(em, body, prompt, n, end_turn=False)
-    except _BadRequest as exc:
-        return _json({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
+    except BadRequest as exc:
+        return exc.response(generate=True)
     except EngineFailed as exc:
-        return _json({"error": {"message": str(exc)}}, 503)
+        return generate_error(str(exc), 503)
     t, answer = sub.t, sub.answer
+    decode_role = em.config.role == "decode"
 
-    def chunk() -> Json:
-        meta: Json = {
-            "id": t.rid,
-            "finish_reason": _finish_reason(t, answer),
-            "prompt_tokens": len(t.input_ids),
-            "completion_tokens": t.n_out,
-            "cached_tokens": t.cached_total,
-            "reasoning_tokens": 0,
-            "weight_version": "default",
-            "num_retractions": 0,
-        }
-        if t.cached_total:
-            meta["cached_tokens_details"] = _cached_details(t)
-        if t.done:
-            meta["e2e_latency"] = time.monotonic() - t.started
+    def chunk(first: bool = True) -> Json:
+        reason = _finish_reason(t, answer)
+        meta = replies.meta_info(t, reason, first=first, final=t.done, decode_role=decode_role)
         text = answer.text_at(em.codec, t.n_out)
         return {"text": text, "output_ids": t.output_ids[: t.n_out], "meta_info": meta}
 
     async def chunks() -> AsyncIterator[Json]:
+        first = True
         async for _ in _progress(t):
-            yield chunk()
+            yield chunk(first)
+            first = False
 
     return await _run(request, sub, bool(body.get("stream")), chunks, chunk)
 
 
-def _openai_common(em: Emulator, body: Json) -> tuple[int, bool, bool]:
-    model = body.get("model")
-    if model is not None and model not in (em.config.model_name, em.config.tokenizer_path):
-        raise LookupError(f"The model `{model}` does not exist.")
+def _request_model(em: Emulator, body: Json) -> str:
+    """The `model` SGLang echoes: any name is served (it routes no models); only the LoRA form
+    `base:adapter` is refused, LoRA being off."""
+    model = body.get("model", DEFAULT_REQUEST_MODEL)
+    if not isinstance(model, str):
+        raise BadRequest("model: Input should be a valid string", validation=True)
+    served = em.config.model_name
+    if ":" in model and model != served:
+        prefix = f"{served}:" if model.startswith(f"{served}:") else model.split(":", 1)[0] + ":"
+        adapter = model[len(prefix) :]
+        if adapter.strip():
+            raise BadRequest(
+                f"LoRA adapter '{adapter.strip()}' was requested, but LoRA is not enabled. "
+                "Please launch the server with --enable-lora flag and preload adapters "
+                "using --lora-paths or /load_lora_adapter endpoint."
+            )
+    return model
+
+
+def _openai_common(em: Emulator, body: Json, chat: bool) -> tuple[str, int, bool, bool]:
+    model = _request_model(em, body)
     if body.get("n") not in (None, 1):
-        raise _BadRequest("the emulator answers with one choice (n must be 1)")
+        raise BadRequest("the emulator answers with one choice (n must be 1)")
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
-    n = _positive_int(max_tokens, "max_tokens", DEFAULT_OPENAI_MAX_TOKENS)
+    if not chat and type(max_tokens) is int and max_tokens <= 0:
+        raise BadRequest("max_tokens: Value error, max_tokens must be positive", validation=True)
+    name = "max_new_tokens" if type(max_tokens) is int else "max_tokens"
+    n = _new_tokens(max_tokens, name, DEFAULT_OPENAI_MAX_TOKENS, 1)
     options = body.get("stream_options") or {}
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    return n, bool(body.get("stream")), include_usage
+    return model, n, bool(body.get("stream")), include_usage
 
 
 async def _openai(
@@ -452,77 +467,106 @@ async def _openai(
     em = request.app[EMULATOR]
     try:
         body = await _body(request)
-        n, stream, include_usage = _openai_common(em, body)
+        model, n, stream, include_usage = _openai_common(em, body, chat)
         sub = _Submission(em, body, parse_prompt(em, body), n, end_turn=chat)
-    except LookupError as exc:
-        return _openai_error(str(exc), 404, "NotFoundError")
-    except _BadRequest as exc:
-        return _openai_error(str(exc), 400)
+    except BadRequest as exc:
+        return exc.response()
     except EngineFailed as exc:
-        return _openai_error(str(exc), 503, "ServiceUnavailable")
+        return openai_error(str(exc), 503, "ServiceUnavailable")
     t, answer = sub.t, sub.answer
     details = bool(body.get("return_cached_tokens_details"))
     kind = "chat.completion" if chat else "text_completion"
-    head = {"id": sub.rid, "created": sub.created, "model": em.config.model_name}
+    chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def with_ext(obj: Json) -> Json:
-        if details:
-            obj["sglext"] = {"cached_tokens_details": _cached_details(t)}
-        return obj
+    def head(object_: str) -> Json:
+        return {"id": sub.rid, "object": object_, "created": sub.created, "model": model}
 
-    def choice(text: str, delta: bool, first: bool = True) -> Json:
-        c: Json = {"index": 0}
-        if chat:
-            c["delta" if delta else "message"] = (
-                {"role": "assistant", "content": text} if first else {"content": text}
-            )
-        else:
-            c["text"] = text
-        c["logprobs"] = None
-        c["finish_reason"] = _openai_finish(t, answer)
-        c["matched_stop"] = answer.matched_stop if t.finished else None
+    def sglext() -> Json | None:
+        d = replies.cached_details(t) if details else None
+        return None if d is None else {"cached_tokens_details": d}
+
+    def choice(body_: Json, finish: bool = True) -> Json:
+        c: Json = {"index": 0, **body_, "logprobs": None}
+        c["finish_reason"] = _openai_finish(t, answer) if finish else None
+        c["matched_stop"] = answer.matched_stop if finish and t.finished else None
         return c
 
     def whole() -> Json:
-        obj = {
-            **head,
-            "object": kind,
-            "choices": [choice(answer.text_at(em.codec, t.n_out), False)],
-        }
-        obj["usage"] = _usage(t)
-        return with_ext(obj)
+        text = answer.text_at(em.codec, t.n_out)
+        msg: Json = {"text": text}
+        if chat:
+            msg = {"message": {"role": "assistant", "content": text, "reasoning_content": None}}
+        obj = {**head(kind), "choices": [choice(msg)], "usage": replies.usage(t)}
+        obj["metadata"] = replies.metadata(t)
+        ext = sglext()
+        if ext is not None:
+            obj["sglext"] = ext
+        return obj
 
-    async def chunks() -> AsyncIterator[Json]:
-        sent, sent_any = "", False
-        chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+    def delta(content: str | None, role: bool = False) -> Json:
+        d: Json = {"reasoning_content": None}
+        if role:
+            d["role"] = "assistant"
+        if content is not None:
+            d["content"] = content
+        return {"delta": d}
+
+    async def chat_chunks() -> AsyncIterator[Json]:
+        """SGLang's chat stream: a role chunk, then a content chunk per step that added text,
+        then a chunk carrying only the finish reason."""
+        sent: str | None = None
+        async for _ in _progress(t):
+            if sent is None:
+                yield {**head(chunk_kind), "choices": [choice(delta("", role=True), False)]}
+                sent = ""
+            text = answer.text_at(em.codec, t.n_out)
+            if len(text) > len(sent):
+                yield {**head(chunk_kind), "choices": [choice(delta(text[len(sent) :]), False)]}
+                sent = text
+            if t.done:
+                yield {**head(chunk_kind), "choices": [choice(delta(None))]}
+
+    async def completion_chunks() -> AsyncIterator[Json]:
+        sent = ""
         async for _ in _progress(t):
             text = answer.text_at(em.codec, t.n_out)
-            delta, sent = text[len(sent) :], text
-            yield {**head, "object": chunk_kind, "choices": [choice(delta, True, not sent_any)]}
-            sent_any = True
+            yield {**head(chunk_kind), "choices": [choice({"text": text[len(sent) :]})],
+                   "usage": None}  # fmt: skip
+            sent = text
+
+    async def chunks() -> AsyncIterator[Json]:
+        async for c in chat_chunks() if chat else completion_chunks():
+            yield c
+        ext = sglext()
+        if ext is not None:
+            yield {**head(chunk_kind), "choices": [], "usage": None, "sglext": ext}
         if include_usage:
-            yield with_ext({**head, "object": chunk_kind, "choices": [], "usage": _usage(t)})
+            yield {**head(chunk_kind), "choices": [], "usage": replies.usage(t, chat)}
 
     return await _run(request, sub, stream, chunks, whole)
 
 
 def _chat_prompt(em: Emulator, body: Json) -> list[int]:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _BadRequest("messages must be a non-empty list")
+    if not isinstance(messages, list):
+        raise BadRequest("messages: Field required (a list)", validation=True)
+    if not messages:
+        raise BadRequest("messages must be a non-empty list")
     try:
         return em.codec.render_messages(messages, True)
     except ValueError as exc:  # FeatureError
-        raise _BadRequest(f"cannot render messages: {exc}") from exc
+        raise BadRequest(f"cannot render messages: {exc}") from exc
 
 
 def _completion_prompt(em: Emulator, body: Json) -> list[int]:
     prompt = body.get("prompt")
+    if prompt is None:
+        raise BadRequest("prompt: Field required", validation=True)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         if not prompt:
-            raise _BadRequest("prompt is empty")
+            raise BadRequest("prompt is empty")
         return em.codec.encode(prompt)
     return _token_ids(prompt, "prompt")
 
@@ -562,20 +606,21 @@ async def ready(request: web.Request) -> web.Response:
     return web.Response(status=200 if request.app[EMULATOR].runner.running else 503)
 
 
+def _kv_events_config(cfg: EmulatorConfig) -> str | None:
+    """The --kv-events-config JSON as given (SGLang reports the raw flag value)."""
+    if cfg.kv_events_config is not None:
+        return cfg.kv_events_config
+    kv = cfg.kv_events()
+    return None if kv is None else kv.raw
+
+
 def _server_info(em: Emulator) -> Json:
     cfg, ecfg = em.config, em.config.engine
     load = em.runner.engine.load()
-    kv = cfg.kv_events_descriptor()
-    kv_config = None
-    if cfg.kv_events_endpoint is not None:
-        kv_config = json.dumps(
-            {
-                "publisher": "zmq",
-                "endpoint": cfg.kv_events_endpoint,
-                "replay_endpoint": cfg.kv_events_replay_endpoint,
-                "topic": cfg.kv_events_topic,
-            }
-        )
+    kv = cfg.kv_events()
+    graphs = dict.fromkeys(
+        ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend"), 0.0
+    )
     return {
         "emulated": True,
         "emulator_notice": NOTICE,
@@ -590,7 +635,7 @@ def _server_info(em: Emulator) -> Json:
         "max_total_num_tokens": load.max_total_num_tokens,
         "max_req_input_len": load.max_total_num_tokens,
         "enable_hierarchical_cache": ecfg.host_kv_tokens > 0,
-        "hicache_host_kv_tokens": ecfg.host_kv_tokens,
+        "emulator_host_kv_tokens": ecfg.host_kv_tokens,
         "emulator_profile": ecfg.profile,
         "emulator_speedup": cfg.speedup,
         "tp_size": 1,
@@ -601,28 +646,51 @@ def _server_info(em: Emulator) -> Json:
         "emulator_transfer_gbps": cfg.transfer_gbps,
         "emulator_decode_kv_timeout_secs": cfg.decode_kv_timeout_s,
         "enable_cache_report": True,
-        "kv_events_config": kv_config,
-        "kv_events": kv,
-        "internal_states": [{"last_gen_throughput": load.gen_throughput}],
+        "enable_metrics": True,
+        "weight_version": replies.WEIGHT_VERSION,
+        "kv_events_config": _kv_events_config(cfg),
+        "kv_events": None if kv is None else kv.descriptor(ecfg.page_size),
+        "internal_states": [
+            {
+                "effective_max_running_requests_per_dp": ecfg.max_running_requests,
+                "last_gen_throughput": load.gen_throughput,
+            }
+        ],
         "version": SGLANG_VERSION,
-        "startup_time": em.started,
+        # SGLang's startup phase durations in seconds; nothing is loaded or captured here
+        "startup_time": {
+            "load_weight": 0.0,
+            "kv_cache_allocation": 0.0,
+            "scheduler_e2e": 0.0,
+            "cuda_graph": graphs,
+            "tokenizer_e2e": em.startup_s,
+        },
     }
 
 
 async def server_info(request: web.Request) -> web.Response:
-    return _json(_server_info(request.app[EMULATOR]))
+    return json_response(_server_info(request.app[EMULATOR]))
 
 
 async def model_info(request: web.Request) -> web.Response:
     cfg = request.app[EMULATOR].config
-    return _json(
+    return json_response(
         {
             "model_path": cfg.model_name,
             "served_model_name": cfg.model_name,
             "tokenizer_path": cfg.tokenizer_path,
             "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": replies.WEIGHT_VERSION,
+            "load_format": "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
             "disaggregation_mode": cfg.role,
-            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            # the model the timing profiles describe (Qwen3-Coder-30B-A3B)
+            "model_type": "qwen3_moe",
+            "architectures": ["Qwen3MoeForCausalLM"],
             "emulated": True,
             "emulator_notice": NOTICE,
         }
@@ -637,55 +705,74 @@ async def models(request: web.Request) -> web.Response:
         "created": int(em.started),
         "owned_by": "sglang-emulator",
         "root": em.config.model_name,
+        "parent": None,
         "max_model_len": em.runner.engine.load().max_total_num_tokens,
     }
-    return _json({"object": "list", "data": [card]})
+    return json_response({"object": "list", "data": [card]})
 
 
 async def loads(request: web.Request) -> web.Response:
     em = request.app[EMULATOR]
     rank = request.query.get("dp_rank")
-    if rank not in (None, "0"):
-        return _json({"detail": f"dp_rank {rank} does not exist (dp_size is 1)"}, 400)
-    entry = {"dp_rank": 0, **dataclasses.asdict(em.runner.engine.load())}
+    if rank is not None and not rank.lstrip("-").isdigit():
+        return openai_error("dp_rank: Input should be a valid integer", 400, VALIDATION)
+    raw = request.query.get("include")
+    include = {s.strip() for s in raw.split(",")} if raw else None
+    try:
+        entry = v1_loads.entry(em.config, em.runner, include)
+    except v1_loads.InvalidInclude:
+        # SGLang 0.5.23 raises this past its handler: a bare 500 (kept as SGLang answers it)
+        return web.Response(status=500, text="Internal Server Error")
+    entries = [entry] if rank is None or int(rank) == 0 else []  # dp_size 1: only rank 0
     if request.query.get("format") == "prometheus":
-        lines = []
-        for key, value in entry.items():
-            if key != "dp_rank":
-                lines += [f"# TYPE sglang_{key} gauge", f'sglang_{key}{{dp_rank="0"}} {value}']
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
-    return _json(
-        {
-            "timestamp": datetime.now(timezone.utc).isoformat(),
-            "version": SGLANG_VERSION,
-            "accelerator": "emulated",
-            "num_accelerators": 1,
-            "loads": [entry],
-        }
-    )
+        return web.Response(
+            text=v1_loads.prometheus(entries), headers={"Content-Type": v1_loads.PROMETHEUS_TYPE}
+        )
+    return json_response(v1_loads.response(entries))
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[EMULATOR].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """Prometheus text, negotiated from Accept like SGLang's prometheus_client ASGI app
+    (0.0.4 text format without an Accept header)."""
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    body = encoder(request.app[EMULATOR].registry)
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def _bare_text(text: str, status: int = 200) -> web.Response:
+    """A text body without Content-Type, as SGLang's plain `Response(content=...)` sends it."""
+    resp = web.Response(body=text.encode(), status=status)
+    resp[_NO_CONTENT_TYPE] = True
+    return resp
+
+
+async def _drop_content_type(request: web.Request, response: web.StreamResponse) -> None:
+    if response.get(_NO_CONTENT_TYPE):
+        response.headers.popall("Content-Type", None)
 
 
 async def flush_cache(request: web.Request) -> web.Response:
     try:
         timeout = float(request.query.get("timeout", "0"))
+        if not timeout >= 0:
+            raise ValueError(timeout)
     except ValueError:
-        return web.Response(status=400, text="timeout must be a number of seconds\n")
+        message = "timeout: Input should be a number greater than or equal to 0"
+        return openai_error(message, 400, VALIDATION)
     if await request.app[EMULATOR].runner.flush(timeout):
-        return web.Response(text="Cache flushed.\n")
-    return web.Response(status=400, text="Cache not flushed: requests are running or waiting.\n")
+        return _bare_text(
+            "Cache flushed.\nPlease check backend logs for more details. (When there are running "
+            "or waiting requests, the operation will not be performed.)\n"
+        )
+    return _bare_text("Cache not flushed: requests are running or waiting.\n", 400)
 
 
 async def abort_request(request: web.Request) -> web.Response:
     runner = request.app[EMULATOR].runner
     try:
         body = await _body(request)
-    except _BadRequest as exc:
-        return web.Response(status=400, text=str(exc))
+    except BadRequest as exc:
+        return exc.response()
     if body.get("abort_all"):
         runner.abort_all()
     elif isinstance(body.get("rid"), str):
@@ -700,8 +787,8 @@ async def prefix_match(request: web.Request) -> web.Response:
     em = request.app[EMULATOR]
     try:
         body = await _body(request)
-    except _BadRequest as exc:
-        return _json({"error": {"message": str(exc)}}, 400)
+    except BadRequest as exc:
+        return json_response({"error": {"message": str(exc)}}, 400)
     prompts = body.get("input_ids")
     if isinstance(prompts, list) and all(type(t) is int for t in prompts):
         prompts = [prompts]
@@ -709,20 +796,23 @@ async def prefix_match(request: web.Request) -> web.Response:
         isinstance(p, list) and all(type(t) is int for t in p) for p in prompts
     ):
         message = "input_ids must be a list of ints or of int lists"
-        return _json({"error": {"message": message}}, 400)
+        return json_response({"error": {"message": message}}, 400)
     if em.faults.probe_delay_secs:
         await asyncio.sleep(em.faults.probe_delay_secs)
     results = []
     for ids in prompts:
         cached = em.runner.engine.match_prefix(ids)
         results.append({"device": cached.device, "host": cached.device + cached.host})
-    return _json({"page_size": em.config.engine.page_size, "results": results})
+    return json_response({"page_size": em.config.engine.page_size, "results": results})
 
 
 def make_app(config: EmulatorConfig, engine: EngineModel, codec: ChatCodec) -> web.Application:
-    app = web.Application(middlewares=[_fault_middleware], client_max_size=64 * 1024**2)
+    app = web.Application(
+        middlewares=[fastapi_errors, _fault_middleware], client_max_size=64 * 1024**2
+    )
     em = Emulator(config, engine, codec)
     app[EMULATOR] = em
+    app.on_response_prepare.append(_drop_content_type)
 
     async def lifecycle(_app: web.Application) -> AsyncIterator[None]:
         await em.start()

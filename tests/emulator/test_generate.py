@@ -19,8 +19,13 @@ async def test_generate_returns_sglang_shape(worker: Worker) -> None:
     assert set(meta) >= META_KEYS
     assert meta["finish_reason"] == {"type": "length", "length": 8}
     assert meta["prompt_tokens"] == 40 and meta["completion_tokens"] == 8
-    assert meta["cached_tokens"] == 0 and "cached_tokens_details" not in meta
+    assert meta["cached_tokens"] == 0 and meta["cached_tokens_details"] is None  # no hit: null
     assert meta["e2e_latency"] > 0
+    # --enable-metrics timing keys, in SGLang's order of events
+    received, entered = meta["request_received_ts"], meta["forward_entry_time"]
+    assert received <= entered <= meta["prefill_finished_time"] <= meta["request_finished_ts"]
+    assert meta["queue_time"] == entered - received and meta["decode_throughput"] > 0
+    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 8}]
     assert len(out["output_ids"]) == 8
     assert worker.codec.encode(out["text"]) == out["output_ids"]
 
@@ -47,7 +52,9 @@ async def test_generate_streams_incrementally(worker: Worker) -> None:
     first, last = chunks[0], chunks[-1]
     assert first["meta_info"]["finish_reason"] is None
     assert first["meta_info"]["completion_tokens"] < 12
-    assert "e2e_latency" not in first["meta_info"]
+    assert "e2e_latency" not in first["meta_info"] and "weight_versions" not in first["meta_info"]
+    assert "response_sent_to_client_ts" in first["meta_info"]
+    assert all("response_sent_to_client_ts" not in c["meta_info"] for c in chunks[1:-1])
     assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
     assert "e2e_latency" in last["meta_info"]
     # text and output_ids are cumulative

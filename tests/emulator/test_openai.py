@@ -68,19 +68,24 @@ async def test_chat_stream_with_usage(worker: Worker) -> None:
                  return_cached_tokens_details=True)  # fmt: skip
     events = await worker.sse("/v1/chat/completions", body)
     assert events[-1] == "[DONE]"
-    *chunks, usage_chunk = events[:-1]
+    # SGLang's layout: a role chunk, content chunks, a finish chunk; then usage (no sglext chunk:
+    # there was no cache hit to detail)
+    role, *chunks, finish, usage_chunk = events[:-1]
     assert len(chunks) > 1
-    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert all(c["object"] == "chat.completion.chunk" for c in events[:-1])
     assert len({c["id"] for c in events[:-1]}) == 1
-    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
-    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:])
+    assert role["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant",
+                                           "content": ""}  # fmt: skip
+    assert all(c["choices"][0]["finish_reason"] is None for c in [role, *chunks])
+    assert all(set(c["choices"][0]["delta"]) == {"reasoning_content", "content"} for c in chunks)
+    assert finish["choices"][0]["delta"] == {"reasoning_content": None}
+    assert finish["choices"][0]["finish_reason"] == "stop"
+    assert finish["choices"][0]["matched_stop"] == worker.codec.im_end_id
     text = "".join(c["choices"][0]["delta"]["content"] for c in chunks)
     assert len(worker.codec.encode(text)) == 11
-    assert usage_chunk["choices"] == []
+    assert usage_chunk["choices"] == [] and "sglext" not in usage_chunk
     assert usage_chunk["usage"]["completion_tokens"] == 12
-    assert usage_chunk["sglext"]["cached_tokens_details"] == {"device": 0, "host": 0}
+    assert usage_chunk["usage"]["completion_tokens_details"] is None
     # the same request, not streamed, answers the same text
     _, whole = await worker.post("/v1/chat/completions", _chat(messages, max_tokens=12))
     assert whole["choices"][0]["message"]["content"] == text
@@ -107,16 +112,31 @@ async def test_completions_stream_and_not(worker: Worker) -> None:
     assert by_ids["choices"][0]["text"] == choice["text"]
 
 
+async def test_any_model_name_is_served_and_echoed(worker: Worker) -> None:
+    """SGLang serves one model whatever the request names, and echoes the name (default
+    "default"); only the LoRA form base:adapter is refused (LoRA is off)."""
+    msgs = [{"role": "user", "content": "x"}]
+    status, out = await worker.post("/v1/chat/completions", {"model": "nope", "messages": msgs})
+    assert status == 200 and out["model"] == "nope"
+    status, out = await worker.post("/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert status == 200 and out["model"] == "default"
+    body = {"model": "a/b", "messages": msgs, "max_tokens": 3, "stream": True}
+    events = await worker.sse("/v1/chat/completions", body)
+    assert {e["model"] for e in events[:-1]} == {"a/b"}
+    for model, adapter in (("base:lora-1", "lora-1"), (f"{MODEL}:x", "x")):
+        status, out = await worker.post("/v1/chat/completions", {"model": model, "messages": msgs})
+        assert status == 400 and out["type"] == "BadRequestError"
+        assert f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled" in out["message"]
+
+
 async def test_openai_errors(worker: Worker) -> None:
-    status, out = await worker.post(
-        "/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}
-    )
-    assert status == 404
-    assert out["object"] == "error" and out["type"] == "NotFoundError" and out["code"] == 404
-    assert "nope" in out["message"]
     async with worker.http.post(worker.url + "/v1/chat/completions", data=b"{oops") as r:
         assert r.status == 400
-        assert (await r.json())["object"] == "error"
+        out = await r.json()
+        # FastAPI's request validation: the OpenAI error body with type "Bad Request"
+        assert (out["object"], out["type"], out["code"]) == ("error", "Bad Request", 400)
+    status, out = await worker.post("/v1/chat/completions", {"max_tokens": 2})
+    assert (status, out["type"]) == (400, "Bad Request")  # messages missing
     bad: list[dict[str, Any]] = [
         {"model": MODEL, "messages": []},
         {"model": MODEL, "messages": [{"content": "no role"}]},
@@ -143,9 +163,13 @@ async def test_openai_sdk_client(worker: Worker) -> None:
         )
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         assert text == reply.choices[0].message.content
-        with pytest.raises(openai.NotFoundError):
+        other = await client.chat.completions.create(
+            model="missing", messages=[{"role": "user", "content": "sdk"}], max_tokens=2
+        )
+        assert other.model == "missing"
+        with pytest.raises(openai.BadRequestError):
             await client.chat.completions.create(
-                model="missing", messages=[{"role": "user", "content": "sdk"}]
+                model="base:adapter", messages=[{"role": "user", "content": "sdk"}]
             )
     finally:
         await client.close()
