@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
+
 import pytest
 
 from smetric_router.core.types import NoWorkerAvailable
-from smetric_router.policies import PolicyParams, make_policy
+from smetric_router.policies import PolicyParams, make_policy, policy_names
 from tests.policies.builders import cluster, req, w
 
 SMETRIC = make_policy("smetric")
@@ -74,6 +77,22 @@ def test_hit_ratio_parameter_sets_the_eviction_threshold() -> None:
     assert (d.worker, d.reason) == ("w1", "evicted-fallback")
 
 
+def test_eviction_guard_at_its_boundary() -> None:
+    # Evicted means best hit <= HIT_RATIO x history (README): equality falls back, one more sticks.
+    at = cluster(w(load=1, hit=500), w(load=0))
+    d = SMETRIC.decide(req(turn=1, est_hit=1000), at)  # 500 == 0.5 x 1000
+    assert (d.worker, d.reason) == ("w1", "evicted-fallback")
+    above = cluster(w(load=1, hit=501), w(load=0))
+    d = SMETRIC.decide(req(turn=1, est_hit=1000), above)
+    assert (d.worker, d.reason) == ("w0", "sticky")
+    # The same boundary under another ratio: 0.75 x 1024 = 768.
+    picky = make_policy("smetric", PolicyParams(hit_ratio=0.75))
+    assert picky.decide(req(turn=1, est_hit=1024), cluster(w(hit=768), w())).reason == (
+        "evicted-fallback"
+    )
+    assert picky.decide(req(turn=1, est_hit=1024), cluster(w(hit=769), w())).reason == "sticky"
+
+
 def test_overload_is_checked_before_eviction() -> None:
     view = cluster(w(load=9, hit=10), w(load=1), w(load=1))
     assert SMETRIC.decide(req(turn=1, est_hit=5000), view).reason == "overload-fallback"
@@ -104,7 +123,22 @@ def test_raw_prompt_sharing_only_a_common_prefix_is_a_first_turn() -> None:
     assert (d.worker, d.reason) == ("w1", "first-turn-balance")
 
 
-def test_policy_is_pure() -> None:
-    view = cluster(w(load=1, hit=300), w(load=0))
-    f = req(turn=1, est_hit=300)
-    assert {SMETRIC.decide(f, view) for _ in range(5)} == {SMETRIC.decide(f, view)}
+@pytest.mark.parametrize("name", policy_names())
+@pytest.mark.parametrize("turn", [0, 1, None])
+def test_policy_is_pure(name: str, turn: int | None) -> None:
+    """Same inputs, same decision, and the inputs come back exactly as they went in."""
+    policy = make_policy(name)
+    view = cluster(
+        w(load=1, hit=320, text_match=40, tree=90),
+        w(load=0, hit=16, tree=10),
+        w(load=4, hit=0, healthy=False),
+        tick=7,
+        entropy=123456789,
+    )
+    # A list, not a tuple: a policy that sorted or trimmed it in place would be caught.
+    f = replace(req(turn=turn, est_hit=300, text="fix the bug"), page_hashes=[5, 3, 9, 1])
+    before = (copy.deepcopy(f), copy.deepcopy(view))
+    first = policy.decide(f, view)
+    assert all(policy.decide(f, view) == first for _ in range(4))
+    assert (f, view) == before
+    assert list(f.page_hashes) == [5, 3, 9, 1]
