@@ -22,8 +22,11 @@ def sse(obj: Any) -> bytes:
 
 
 class FakeWorker:
-    def __init__(self, name: str, *, page_size: int = 16, model: str = "fake-model") -> None:
+    def __init__(
+        self, name: str, *, page_size: int = 16, model: str = "fake-model", port: int | None = None
+    ) -> None:
         self.name = name
+        self.port = port  # None: any free port
         self.page_size = page_size
         self.model = model
         self.bodies: list[dict[str, Any]] = []  # generation requests received, in order
@@ -55,7 +58,7 @@ class FakeWorker:
         app.router.add_post("/flush_cache", self._flush)
         for path in ("/v1/chat/completions", "/v1/completions", "/generate"):
             app.router.add_post(path, self._generate)
-        self.server = TestServer(app, host="127.0.0.1")
+        self.server = TestServer(app, host="127.0.0.1", port=self.port)
         await self.server.start_server()
         return self
 

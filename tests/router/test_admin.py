@@ -45,7 +45,8 @@ async def test_workers_add_list_remove(make_worker: MakeWorker, make_router: Mak
         async with s.get(router.url + "/readiness") as resp:
             assert resp.status == 503
         async with s.post(router.url + "/v1/chat/completions", json=CHAT) as resp:
-            assert resp.status in (404, 503)  # nobody serves the model any more
+            assert resp.status == 503  # no worker is registered at all
+            assert (await resp.json())["error"]["code"] == "no_worker_available"
 
 
 async def test_health_checks_exclude_and_readmit(
@@ -78,9 +79,29 @@ async def test_unreachable_start_worker_joins_when_it_comes_up(
     make_worker: MakeWorker, make_router: MakeRouter
 ) -> None:
     a = await make_worker("a")
-    router = await make_router([a.url, f"http://127.0.0.1:{free_port()}"])
-    listed = router.state.registry.describe()
-    assert [w["healthy"] for w in listed] == [True, False]
+    port = free_port()
+    late_url = f"http://127.0.0.1:{port}"
+    router = await make_router([a.url, late_url], health_check_interval_secs=0.05)
+    registry = router.state.registry
+    listed = registry.describe()
+    assert [(w["url"], w["healthy"]) for w in listed] == [(a.url, True), (late_url, False)]
+    async with aiohttp.ClientSession() as s:
+        late_chat = {**CHAT, "model": "late-model"}
+        async with s.post(router.url + "/v1/chat/completions", json=late_chat) as resp:
+            assert resp.status == 404  # nobody serves it yet
+
+        late = await make_worker("late", model="late-model", port=port)
+        assert late.url == late_url
+        await eventually(lambda: registry.workers[late_url].healthy)
+        # Joined with what it reports: its model is routed to it, and only to it.
+        assert registry.workers[late_url].models == {"late-model"}
+        async with s.post(router.url + "/v1/chat/completions", json=late_chat) as resp:
+            assert resp.status == 200
+            assert resp.headers["x-smetric-worker"] == late_url
+        async with s.get(router.url + "/workers") as resp:
+            listed = (await resp.json())["workers"]
+    assert [(w["url"], w["healthy"]) for w in listed] == [(a.url, True), (late_url, True)]
+    assert len(late.bodies) == 1 and not a.bodies
 
 
 async def test_models_flush_and_metrics(make_worker: MakeWorker, make_router: MakeRouter) -> None:
