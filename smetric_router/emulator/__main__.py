@@ -7,7 +7,9 @@ import asyncio
 import logging
 import signal
 from collections.abc import Sequence
+from dataclasses import replace
 
+from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.emulator.config import (
     DEFAULT_BOOTSTRAP_PORT,
     DEFAULT_DECODE_KV_TIMEOUT_S,
@@ -21,7 +23,7 @@ from smetric_router.emulator.config import (
     EmulatorConfig,
 )
 from smetric_router.emulator.kv_config import KvEventsConfig
-from smetric_router.emulator.server import make_app, start_server
+from smetric_router.emulator.server import EMULATOR, make_app, start_server
 from smetric_router.engine.api import EngineConfig
 from smetric_router.engine.engine import Engine
 from smetric_router.features.chat import DEFAULT_TOKENIZER_DIR, load_codec
@@ -44,15 +46,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ),
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=30000, help="HTTP port")
+    p.add_argument("--port", type=int, default=30000, help="HTTP port; 0 = any free port")
+    p.add_argument(
+        "--port-file",
+        default=None,
+        metavar="PATH",
+        help="after binding, write the bound ports here as JSON (http, kv_events, "
+        "kv_events_replay, bootstrap): how a launcher learns ports given as 0",
+    )
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="served model name")
     p.add_argument(
         "--tokenizer-path", default=None, help="HF tokenizer dir; unset = the bundled one"
     )
     p.add_argument("--page-size", type=int, default=d.page_size, help="KV page size in tokens")
-    p.add_argument("--kv-events-port", type=int, default=None, help="ZMQ PUB port; off if unset")
     p.add_argument(
-        "--kv-events-replay-port", type=int, default=None, help="ZMQ replay (ROUTER) port"
+        "--kv-events-port", type=int, default=None, help="ZMQ PUB port (0 = any); off if unset"
+    )
+    p.add_argument(
+        "--kv-events-replay-port", type=int, default=None, help="ZMQ replay (ROUTER) port (0 = any)"
     )
     p.add_argument("--kv-events-topic", default="", help="topic of the KV-event frames")
     p.add_argument(
@@ -104,7 +115,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--disaggregation-bootstrap-port",
         type=int,
         default=DEFAULT_BOOTSTRAP_PORT,
-        help="prefill: port of the KV handover endpoint",
+        help="prefill: port of the KV handover endpoint (0 = any free port)",
     )
     pd.add_argument(
         "--transfer-gbps",
@@ -162,10 +173,29 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     )
 
 
-async def serve(config: EmulatorConfig) -> None:
+def with_bound_ports(config: EmulatorConfig, ports: dict[str, int]) -> EmulatorConfig:
+    """The config with every port as bound (those given as 0 are the OS's choice)."""
+    config = replace(config, port=ports["http"])
+    if "bootstrap" in ports:
+        config = replace(config, bootstrap_port=ports["bootstrap"])
+    if config.kv_events_config is None and config.kv_events_port is not None:
+        config = replace(
+            config,
+            kv_events_port=ports["kv_events"],
+            kv_events_replay_port=ports.get("kv_events_replay"),
+        )
+    return config
+
+
+async def serve(config: EmulatorConfig, port_file: str | None = None) -> None:
     app = make_app(config, Engine(config.engine), load_codec(config.tokenizer_path))
     runner = await start_server(app, config.host, config.port)
-    log.info("%s; serving http://%s:%d", NOTICE, config.host, config.port)
+    em = app[EMULATOR]
+    ports = {"http": bound_port(runner), **em.bound_ports()}
+    em.config = with_bound_ports(config, ports)  # /server_info reports what was bound
+    if port_file is not None:
+        write_port_file(port_file, ports)
+    log.info("%s; serving http://%s:%d", NOTICE, config.host, ports["http"])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -185,9 +215,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, args.port_file))
     else:
-        uvloop.run(serve(config))
+        uvloop.run(serve(config, args.port_file))
 
 
 if __name__ == "__main__":

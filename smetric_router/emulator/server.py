@@ -22,6 +22,7 @@ from prometheus_client.exposition import choose_encoder
 
 from smetric_router.cluster.publisher import KvEventPublisher
 from smetric_router.core.kv_events import AnyEvent, KVCacheEvent
+from smetric_router.core.port_file import bound_port
 from smetric_router.emulator import loads as v1_loads
 from smetric_router.emulator import replies
 from smetric_router.emulator.answer import Answer, make_answer
@@ -114,6 +115,20 @@ class Emulator:
             "off" if kv is None else f"{'bound' if kv.binds else 'connected'} {endpoint}",
             self.config.role,
         )
+
+    def bound_ports(self) -> dict[str, int]:
+        """After start(): the KV-event and bootstrap ports bound (as the OS chose them where 0
+        was asked for), by name: kv_events, kv_events_replay, bootstrap."""
+        out: dict[str, int] = {}
+        pub = self._publisher
+        if pub is not None:
+            for name, endpoint in (("kv_events", pub.endpoint),
+                                   ("kv_events_replay", pub.replay_endpoint)):  # fmt: skip
+                if endpoint is not None and endpoint.startswith("tcp://"):
+                    out[name] = int(endpoint.rpartition(":")[2])
+        if self._bootstrap is not None:
+            out["bootstrap"] = bound_port(self._bootstrap)
+        return out
 
     def hand_over(self, room: int, t: Tracked) -> None:
         """PD prefill: the prompt's KV is ready; offer it to the decode side."""

@@ -35,7 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workers", type=int, default=None, help="number of workers (colocated)")
     p.add_argument("--policy", default=None, help="router policy (default smetric)")
-    p.add_argument("--port", type=int, default=None, help="router port (default 30000)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="router port (default 30000; 0 = a free port, shown in the ready line)",
+    )
     p.add_argument(
         "--speedup",
         type=float,

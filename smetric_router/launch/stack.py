@@ -3,6 +3,10 @@
 Every local process runs as a child in its own process group; stop() takes them down in reverse
 start order (router, workers, then the Mooncake master). Processes for other hosts are printed for
 the operator to start there; the launcher then waits for their health like for its own.
+
+Ports given as 0 (the router's `port: 0`, emulated workers without `base_port`) are bound by the
+processes themselves, which report them through `--port-file`: no port is chosen here and then
+lost to another process before the child binds it.
 """
 
 from __future__ import annotations
@@ -11,14 +15,18 @@ import contextlib
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
+from smetric_router.core.port_file import read_port_file
 from smetric_router.launch.kinds import plan_workers
 from smetric_router.launch.kinds.base import LOCAL_HOSTS, WorkerLaunch
 from smetric_router.launch.kinds.sglang import (
@@ -39,7 +47,7 @@ _ROLE = {"null": "colocated", "prefill": "prefill", "decode": "decode"}
 def router_args(spec: ClusterSpec, workers: list[WorkerLaunch]) -> list[str]:
     """The router's command line (after `python -m`) for these workers."""
     r, pd = spec.router, spec.pd
-    args = ["smetric_router", "--host", r.host, "--port", str(r.port),
+    args = ["smetric_router", "--host", r.host, "--port", str(r.port),  # 0: see Stack.start
             "--overload", str(r.overload), "--hit-ratio", str(r.hit_ratio)]  # fmt: skip
     if spec.workers.kind == "sglang":
         # the router must tokenize as the workers do
@@ -65,6 +73,7 @@ class Child:
     proc: subprocess.Popen[bytes] | None  # None: runs on another host, started by the operator
     ready_url: str
     ready_timeout_s: float = READY_TIMEOUT_S
+    port_file: Path | None = None  # where it reports the ports it bound (given as 0)
 
 
 class Stack:
@@ -75,29 +84,40 @@ class Stack:
         self.children: list[Child] = []
         self.workers: list[WorkerLaunch] = []
         r = spec.router
-        self.url = f"http://{r.host}:{r.port}"
+        self.url = f"http://{r.host}:{r.port}"  # port 0: the router's bound port once started
+        self._port_dir: Path | None = None
 
     @property
     def worker_urls(self) -> list[str]:
         return [w.url for w in self.workers]
 
     def _spawn(self, name: str, argv: list[str], ready_url: str, env: dict[str, str] | None = None,
-               ready_timeout_s: float = READY_TIMEOUT_S) -> Child:  # fmt: skip
+               ready_timeout_s: float = READY_TIMEOUT_S,
+               reports_ports: bool = False) -> Child:  # fmt: skip
+        port_file = None
+        if reports_ports:
+            if self._port_dir is None:
+                self._port_dir = Path(tempfile.mkdtemp(prefix="smetric-launch-"))
+            port_file = self._port_dir / f"{name}.json"
+            argv = [*argv, "--port-file", str(port_file)]
         log.info("starting %s: %s", name, " ".join(argv))
         full_env = {**os.environ, **env} if env else None
         proc = subprocess.Popen(argv, start_new_session=True, env=full_env)
-        child = Child(name, proc, ready_url, ready_timeout_s)
+        child = Child(name, proc, ready_url, ready_timeout_s, port_file)
         self.children.append(child)
         return child
 
     def start(self) -> None:
         r = self.spec.router
-        if port_in_use(r.host, r.port):
+        if r.port and port_in_use(r.host, r.port):
             raise RuntimeError(f"router port {r.host}:{r.port} is already in use (use --port)")
         self.start_workers()
-        self._spawn("router", [sys.executable, "-m", *router_args(self.spec, self.workers)],
-                    f"{self.url}/readiness")  # fmt: skip
-        self._wait_ready(self.children[-1:])
+        argv = [sys.executable, "-m", *router_args(self.spec, self.workers)]
+        router = self._spawn("router", argv, f"{self.url}/readiness", reports_ports=r.port == 0)
+        if router.port_file is not None:
+            self.url = f"http://{r.host}:{self._reported(router)['http']}"
+            router.ready_url = f"{self.url}/readiness"
+        self._wait_ready([router])
 
     def start_mooncake(self) -> None:
         argv = mooncake_master_argv(self.spec)
@@ -124,9 +144,32 @@ class Stack:
                 self.children.append(child)
             else:
                 check_local_python(w.argv[0])
-                child = self._spawn(w.name, list(w.argv), ready, dict(w.env), w.ready_timeout_s)
+                child = self._spawn(w.name, list(w.argv), ready, dict(w.env), w.ready_timeout_s,
+                                    w.reports_ports)  # fmt: skip
             started.append(child)
+        for i, (w, child) in enumerate(zip(self.workers, started, strict=True)):
+            if child.port_file is not None:
+                ports = self._reported(child)
+                host = w.url.rsplit(":", 1)[0]  # http://HOST
+                self.workers[i] = w = replace(
+                    w, url=f"{host}:{ports['http']}", bootstrap_port=ports.get("bootstrap")
+                )
+                child.ready_url = f"{w.url}{w.ready_path}"
         self._wait_ready(started)
+
+    def _reported(self, child: Child) -> dict[str, int]:
+        """The ports a child started with ports 0 reports, once it has bound them."""
+        assert child.proc is not None and child.port_file is not None
+        start = time.monotonic()
+        while (ports := read_port_file(child.port_file)) is None:
+            if child.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{child.name} exited with code {child.proc.returncode} during start-up"
+                )
+            if time.monotonic() - start > child.ready_timeout_s:
+                raise RuntimeError(f"not ready in time: {child.name} reported no ports")
+            time.sleep(0.05)
+        return ports
 
     def _wait_ready(self, children: list[Child]) -> None:
         start = time.monotonic()
@@ -176,6 +219,9 @@ class Stack:
                 c.proc.wait()
             # SGLang's scheduler and detokenizer share the launcher's group: take stragglers too
             _killpg(c.proc.pid, signal.SIGKILL)
+        if self._port_dir is not None:
+            shutil.rmtree(self._port_dir, ignore_errors=True)
+            self._port_dir = None
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -195,7 +241,8 @@ def dry_run(spec: ClusterSpec) -> str:
     if master is not None and spec.mooncake is not None:
         by_host.setdefault(spec.mooncake.host, []).append(f"# mooncake-master\n{_shell(master)}")
     for w in workers:
-        by_host.setdefault(w.host, []).append(f"# {w.name} ({_ROLE[w.role]}, {w.url})\n{w.shell()}")
+        where = "binds free ports, reported with --port-file" if w.reports_ports else w.url
+        by_host.setdefault(w.host, []).append(f"# {w.name} ({_ROLE[w.role]}, {where})\n{w.shell()}")
     router = (sys.executable, "-m", *router_args(spec, workers))
     where = f"{spec.router.host}:{spec.router.port}"
     # the router always runs where the launcher does

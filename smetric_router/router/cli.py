@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.policies import PolicyParams, policy_names
 from smetric_router.router.config import CACHE_VIEWS, RouterConfig
 
@@ -32,7 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--host", default=_D.host, help="address the router listens on")
-    p.add_argument("--port", type=int, default=_D.port, help="port of the router's HTTP API")
+    p.add_argument(
+        "--port", type=int, default=_D.port, help="port of the router's HTTP API; 0 = any free port"
+    )
+    p.add_argument(
+        "--port-file",
+        default=None,
+        metavar="PATH",
+        help="once listening, write the bound ports here as JSON (http, and prometheus with "
+        "--prometheus-port): how a launcher learns a port given as 0",
+    )
     p.add_argument(
         "--worker-urls",
         nargs="*",
@@ -294,8 +304,8 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
         parser.error(str(e))
 
 
-async def serve(config: RouterConfig) -> None:
-    """Run until SIGINT/SIGTERM."""
+async def serve(config: RouterConfig, port_file: str | None = None) -> None:
+    """Run until SIGINT/SIGTERM; with port_file, write the bound ports there once listening."""
     from smetric_router.router.app import RUNNER_OPTIONS, build_app, metrics_app
     from smetric_router.router.assemble import make_state
 
@@ -314,11 +324,16 @@ async def serve(config: RouterConfig) -> None:
             await runners[1].setup()
             assert config.prometheus_port is not None
             await web.TCPSite(runners[1], config.prometheus_host, config.prometheus_port).start()
+        ports = {"http": bound_port(runners[0])}
+        if len(runners) > 1:
+            ports["prometheus"] = bound_port(runners[1])
+        if port_file is not None:
+            write_port_file(port_file, ports)
         if config.pd_disaggregation:
             log.info(
                 "smetric-router on http://%s:%d, PD: %d prefill (%s), %d decode (%s)",
                 config.host,
-                config.port,
+                ports["http"],
                 len(config.prefill),
                 config.prefill_policy_name,
                 len(config.decode_urls),
@@ -328,7 +343,7 @@ async def serve(config: RouterConfig) -> None:
             log.info(
                 "smetric-router on http://%s:%d, policy %s, %d workers",
                 config.host,
-                config.port,
+                ports["http"],
                 config.policy,
                 len(config.worker_urls),
             )
@@ -341,6 +356,7 @@ async def serve(config: RouterConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = config_from_args(argv)
+    port_file = build_parser().parse_args(argv).port_file
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -349,9 +365,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             import uvloop
         except ImportError:
-            asyncio.run(serve(config))
+            asyncio.run(serve(config, port_file))
         else:
-            uvloop.run(serve(config))
+            uvloop.run(serve(config, port_file))
     except (OSError, ValueError) as e:  # bad tokenizer, page-size mismatch, busy port
         log.error("smetric-router failed to start: %s", e)
         sys.exit(1)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec, free_port
+from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 
 # Fast emulated time keeps the tests quick; fast load polling lets the overload test see a flood.
 SPEEDUP = 20.0
@@ -22,7 +22,7 @@ def make_stack() -> Iterator[StackFactory]:
     def make(policy: str = "smetric", workers: int = 4, speedup: float = SPEEDUP,
              worker_args: tuple[str, ...] = ()) -> Stack:  # fmt: skip
         spec = ClusterSpec(
-            router=RouterSpec(port=free_port(), policy=policy, extra_args=ROUTER_ARGS),
+            router=RouterSpec(port=0, policy=policy, extra_args=ROUTER_ARGS),
             workers=WorkerSpec(count=workers, speedup=speedup, extra_args=worker_args),
         )
         stack = Stack(spec)

@@ -8,14 +8,14 @@ from collections.abc import Iterator
 import pytest
 from openai import AsyncOpenAI
 
-from smetric_router.launch import ClusterSpec, PdSpec, RouterSpec, Stack, WorkerSpec, free_port
+from smetric_router.launch import ClusterSpec, PdSpec, RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP
 
 
 @pytest.fixture(scope="module")
 def pd_stack() -> Iterator[Stack]:
     spec = ClusterSpec(
-        router=RouterSpec(port=free_port(), extra_args=ROUTER_ARGS),
+        router=RouterSpec(port=0, extra_args=ROUTER_ARGS),
         workers=WorkerSpec(speedup=SPEEDUP),
         pd=PdSpec(prefill=2, decode=1, decode_kv_timeout_secs=10.0),
     )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import urllib.request
 
-from smetric_router.launch import free_port
 
 
 def _alive(pid: int) -> bool:
@@ -21,9 +21,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_launcher_serves_then_stops_everything_on_sigterm() -> None:
-    port = free_port()
+    # --port 0: the router binds a free port and the ready line names it
     proc = subprocess.Popen(
-        [sys.executable, "-m", "smetric_router.launch", "--port", str(port), "--workers", "2",
+        [sys.executable, "-m", "smetric_router.launch", "--port", "0", "--workers", "2",
          "--log-level", "warning"],
         stdout=subprocess.PIPE,
         text=True,
@@ -31,10 +31,16 @@ def test_launcher_serves_then_stops_everything_on_sigterm() -> None:
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # blocks until the stack is ready (or the launcher exits)
-        assert f"ready at http://127.0.0.1:{port}" in line, line
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/workers", timeout=5) as r:
+        found = re.search(r"ready at http://127\.0\.0\.1:(\d+) ", line)
+        assert found and int(found[1]) > 0, line
+        url = f"http://127.0.0.1:{found[1]}"
+        with urllib.request.urlopen(f"{url}/workers", timeout=5) as r:
             workers = json.load(r)["workers"]
         assert len(workers) == 2 and all(w["healthy"] for w in workers)
+        # the workers bound free ports too, and the router was given the ones they bound
+        ports = {int(w["url"].rsplit(":", 1)[1]) for w in workers}
+        assert len(ports) == 2 and 0 not in ports
+        assert all(w["kv_pages"] == {"gpu": 0, "host": 0} for w in workers)
         children = subprocess.run(
             ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
         ).stdout.split()

@@ -29,6 +29,9 @@ class WorkerLaunch:
     host: str = "127.0.0.1"  # where it runs; not local: printed for the operator, not started
     ready_path: str = "/health"
     ready_timeout_s: float = 60.0
+    # Its ports are given as 0: it binds free ones and writes them to `--port-file PATH` (which
+    # the launcher appends); url and bootstrap_port hold port 0 until it has reported.
+    reports_ports: bool = False
 
     @property
     def local(self) -> bool:

@@ -4,17 +4,19 @@ benchmark tool with a modelled H20 engine, started with this interpreter."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from itertools import count, repeat
 
 from smetric_router.launch.kinds.base import WorkerLaunch
-from smetric_router.launch.ports import port_source
 from smetric_router.launch.spec import ClusterSpec
 
 
 def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
-    """The workers of a spec, with their ports: consecutive from workers.base_port, else free."""
+    """The workers of a spec, with their ports: consecutive from workers.base_port, else 0 (each
+    worker binds free ports and reports them through --port-file: see launch.stack)."""
     w, pd = spec.workers, spec.pd
-    n_ports = 3 * w.count if pd is None else 4 * pd.prefill + pd.decode
-    ports = port_source(w.base_port, n_ports, avoid=spec.router.port)
+    reports = w.base_port == 0
+    ports: Iterator[int] = repeat(0) if reports else count(w.base_port)
 
     def port() -> int:
         return next(ports)
@@ -26,12 +28,17 @@ def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
     def kv_events() -> tuple[str, ...]:
         return ("--kv-events-port", str(port()), "--kv-events-replay-port", str(port()))
 
+    def launch(name: str, http: int, argv: tuple[str, ...], role: str = "null",
+               bootstrap: int | None = None) -> WorkerLaunch:  # fmt: skip
+        url = f"http://127.0.0.1:{http}"
+        return WorkerLaunch(name, url, argv, role, bootstrap, reports_ports=reports)
+
     out = []
     if pd is None:
         for i in range(w.count):
             http = port()
             argv = (*python, "--port", str(http), *common, *kv_events(), *w.extra_args)
-            out.append(WorkerLaunch(f"worker-{i}", f"http://127.0.0.1:{http}", argv))
+            out.append(launch(f"worker-{i}", http, argv))
         return out
     for i in range(pd.prefill):
         http = port()
@@ -40,8 +47,7 @@ def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
         argv = (*python, "--port", str(http), *common, *events,
                 "--role", "prefill", "--disaggregation-bootstrap-port", str(bootstrap),
                 *w.extra_args, *pd.prefill_extra_args)  # fmt: skip
-        url = f"http://127.0.0.1:{http}"
-        out.append(WorkerLaunch(f"prefill-{i}", url, argv, "prefill", bootstrap))
+        out.append(launch(f"prefill-{i}", http, argv, "prefill", bootstrap))
     for i in range(pd.decode):
         # no KV events: a decode instance's cache is not what the router routes by
         http = port()
@@ -49,5 +55,5 @@ def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
                 "--transfer-gbps", str(pd.transfer_gbps),
                 "--decode-kv-timeout-secs", str(pd.decode_kv_timeout_secs),
                 *w.extra_args, *pd.decode_extra_args)  # fmt: skip
-        out.append(WorkerLaunch(f"decode-{i}", f"http://127.0.0.1:{http}", argv, "decode"))
+        out.append(launch(f"decode-{i}", http, argv, "decode"))
     return out

@@ -158,7 +158,10 @@ def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
     w, s, pd = spec.workers, spec.sglang, spec.pd
     roles = ["null"] * w.count if pd is None else ["prefill"] * pd.prefill + ["decode"] * pd.decode
     hosts = [_host(s, role, roles[:i].count(role)) for i, role in enumerate(roles)]
-    # per worker: HTTP, KV events, replay, bootstrap (used by prefill only)
+    # per worker: HTTP, KV events, replay, bootstrap (used by prefill only). Real SGLang cannot
+    # be given port 0 and report what it bound (it announces only the port it was told, and
+    # derives other ports from it under DP attention), so unlike the emulated kind's ports these
+    # are chosen free here before it starts.
     ports = port_source(w.base_port, 4 * len(roles), avoid=spec.router.port)
     python = sglang_python(s)
     gpu_next: dict[str, int] = {}
