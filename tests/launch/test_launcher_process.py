@@ -11,7 +11,6 @@ import sys
 import urllib.request
 
 
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
