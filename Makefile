@@ -41,4 +41,4 @@ test: setup sglang
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	SMETRIC_REQUIRE_SGLANG=1 $(PY) -m pytest
+	SMETRIC_REQUIRE_SGLANG=1 SMETRIC_REQUIRE_SHARED=1 $(PY) -m pytest

@@ -8,6 +8,7 @@ import pytest
 from smetric_router.engine.api import EngineConfig, EngineRequest
 from smetric_router.engine.engine import Engine
 from smetric_router.engine.timing import TimingModel
+from tests.shared_ref import require_shared
 
 PROFILE = "h20-qwen3-coder-30b-a3b"
 PREFILL_ANCHOR = 16_594  # tokens/GPU/s: 1 GPU, 16,384 max prefill tokens per step, input 4,096
@@ -84,9 +85,8 @@ def test_committed_profiles_are_what_build_profile_writes() -> None:
     from smetric_router.engine import build_profile as bp
     from smetric_router.engine.timing import PROFILES_DIR
 
-    if not bp.DEFAULT_DATA.is_dir():
-        pytest.skip("shared/reference/h20-kernel-data is not checked out beside the repo")
+    data = require_shared(bp.DEFAULT_DATA)
     for gpu in (bp.H20, bp.H200):
-        built = json.loads(json.dumps(bp.build(bp.DEFAULT_DATA, gpu)))
+        built = json.loads(json.dumps(bp.build(data, gpu)))
         committed = json.loads((PROFILES_DIR / f"{built['name']}.json").read_text())
         assert built == committed

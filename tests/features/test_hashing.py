@@ -10,19 +10,18 @@ from pathlib import Path
 import pytest
 
 from smetric_router.features.hashing import ChainState, page_digests, page_hashes
+from tests.shared_ref import SHARED, require_shared
 
 # The vectors are copied next to this test so the suite is self-contained; when the shared
 # reference is present (it is in CI) the copy must not have drifted from it.
 FIXTURE = Path(__file__).with_name("sglang_page_hash_vectors.json")
-SHARED = (
-    Path(__file__).resolve().parents[2].parent / "shared/reference/sglang-page-hash-vectors.json"
-)
+SHARED_VECTORS = SHARED / "reference" / "sglang-page-hash-vectors.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
 
 
-@pytest.mark.skipif(not SHARED.is_file(), reason="shared reference not checked out")
 def test_fixture_matches_shared_reference() -> None:
-    assert json.loads(SHARED.read_text()) == json.loads(FIXTURE.read_text())
+    shared = require_shared(SHARED_VECTORS)
+    assert json.loads(shared.read_text()) == json.loads(FIXTURE.read_text())
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"page{c['page_size']}-{len(c['token_ids'])}")
