@@ -24,9 +24,9 @@ from smetric_router.emulator.config import (
 )
 from smetric_router.emulator.kv_config import KvEventsConfig
 from smetric_router.emulator.server import EMULATOR, make_app, start_server
+from smetric_router.emulator.tokenizer import DEFAULT_TOKENIZER_DIR, load_tokenizer
 from smetric_router.engine.api import EngineConfig
 from smetric_router.engine.engine import Engine
-from smetric_router.features.chat import DEFAULT_TOKENIZER_DIR, load_codec
 
 log = logging.getLogger("smetric_router.emulator")
 
@@ -56,7 +56,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="served model name")
     p.add_argument(
-        "--tokenizer-path", default=None, help="HF tokenizer dir; unset = the bundled one"
+        "--tokenizer-path",
+        default=None,
+        help="HF tokenizer (or model) directory, read offline; unset = the bundled one",
+    )
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template file (.jinja) used instead of the tokenizer's own, read as "
+        "SGLang reads its --chat-template",
     )
     p.add_argument("--page-size", type=int, default=d.page_size, help="KV page size in tokens")
     p.add_argument(
@@ -153,6 +161,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         port=args.port,
         model_name=args.model_name,
         tokenizer_path=str(args.tokenizer_path or DEFAULT_TOKENIZER_DIR),
+        chat_template=args.chat_template,
         kv_events_port=args.kv_events_port,
         kv_events_replay_port=args.kv_events_replay_port,
         kv_events_topic=args.kv_events_topic,
@@ -188,7 +197,8 @@ def with_bound_ports(config: EmulatorConfig, ports: dict[str, int]) -> EmulatorC
 
 
 async def serve(config: EmulatorConfig, port_file: str | None = None) -> None:
-    app = make_app(config, Engine(config.engine), load_codec(config.tokenizer_path))
+    tokenizer = load_tokenizer(config.tokenizer_path, config.chat_template)
+    app = make_app(config, Engine(config.engine), tokenizer)
     runner = await start_server(app, config.host, config.port)
     em = app[EMULATOR]
     ports = {"http": bound_port(runner), **em.bound_ports()}

@@ -29,7 +29,8 @@ class EmulatorConfig:
     host: str = "127.0.0.1"
     port: int = 30000
     model_name: str = DEFAULT_MODEL_NAME
-    tokenizer_path: str = ""  # resolved directory of the chat codec's tokenizer
+    tokenizer_path: str = ""  # the HF tokenizer directory prompts are tokenized with
+    chat_template: str | None = None  # SGLang's --chat-template (.jinja); None: the tokenizer's
     kv_events_port: int | None = None  # ZMQ PUB port; None: events off
     kv_events_replay_port: int | None = None
     kv_events_topic: str = ""

@@ -48,6 +48,14 @@ class BadRequest(ValueError):
         return generate_error(str(self)) if generate else openai_error(str(self), 400)
 
 
+class InternalError(RuntimeError):
+    """A request SGLang fails with 500 (an unexpected error while handling it): the OpenAI body
+    with type "InternalServerError" and SGLang's "Internal server error: ..." message."""
+
+    def response(self) -> web.Response:
+        return openai_error(f"Internal server error: {self}", 500, "InternalServerError")
+
+
 @web.middleware
 async def fastapi_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -26,6 +26,7 @@ from smetric_router.core.port_file import bound_port
 from smetric_router.emulator import loads as v1_loads
 from smetric_router.emulator import replies
 from smetric_router.emulator.answer import Answer, make_answer
+from smetric_router.emulator.chat import chat_prompt_ids
 from smetric_router.emulator.config import (
     DEFAULT_BOOTSTRAP_PORT,
     DEFAULT_MAX_NEW_TOKENS,
@@ -37,6 +38,7 @@ from smetric_router.emulator.config import (
 from smetric_router.emulator.errors import (
     VALIDATION,
     BadRequest,
+    InternalError,
     fastapi_errors,
     generate_error,
     json_response,
@@ -55,9 +57,9 @@ from smetric_router.emulator.pd import (
     transfer_seconds,
 )
 from smetric_router.emulator.runner import DuplicateRid, EngineFailed, EngineRunner, Tracked
+from smetric_router.emulator.tokenizer import WorkerTokenizer
 from smetric_router.engine.api import CachedTokens, EngineModel
 from smetric_router.engine.timing import load_profile
-from smetric_router.features.chat import ChatCodec
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ Json = dict[str, Any]
 class Emulator:
     """Everything one worker process holds; lives on the app under EMULATOR."""
 
-    def __init__(self, config: EmulatorConfig, engine: EngineModel, codec: ChatCodec) -> None:
+    def __init__(self, config: EmulatorConfig, engine: EngineModel, codec: WorkerTokenizer) -> None:
         self.config = config
         self.codec = codec
         self.runner = EngineRunner(engine, config.speedup, self._publish)
@@ -402,7 +404,7 @@ def _generate_prompt(em: Emulator, body: Json) -> tuple[list[int], int]:
         raise BadRequest("Either text or input_ids should be provided, not both.")
     if text is not None and not isinstance(text, str):
         raise BadRequest("the emulator serves one prompt per request: text must be a string")
-    prompt = em.codec.encode(text) if isinstance(text, str) else _token_ids(ids, "input_ids")
+    prompt = em.codec.encode_prompt(text) if isinstance(text, str) else _token_ids(ids, "input_ids")
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise BadRequest("sampling_params: Input should be a valid dictionary", validation=True)
@@ -484,7 +486,7 @@ async def _openai(
         body = await _body(request)
         model, n, stream, include_usage = _openai_common(em, body, chat)
         sub = _Submission(em, body, parse_prompt(em, body), n, end_turn=chat)
-    except BadRequest as exc:
+    except (BadRequest, InternalError) as exc:
         return exc.response()
     except EngineFailed as exc:
         return openai_error(str(exc), 503, "ServiceUnavailable")
@@ -567,10 +569,7 @@ def _chat_prompt(em: Emulator, body: Json) -> list[int]:
         raise BadRequest("messages: Field required (a list)", validation=True)
     if not messages:
         raise BadRequest("messages must be a non-empty list")
-    try:
-        return em.codec.render_messages(messages, True)
-    except ValueError as exc:  # FeatureError
-        raise BadRequest(f"cannot render messages: {exc}") from exc
+    return chat_prompt_ids(em.codec, body)
 
 
 def _completion_prompt(em: Emulator, body: Json) -> list[int]:
@@ -582,7 +581,7 @@ def _completion_prompt(em: Emulator, body: Json) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise BadRequest("prompt is empty")
-        return em.codec.encode(prompt)
+        return em.codec.encode_prompt(prompt)
     return _token_ids(prompt, "prompt")
 
 
@@ -604,7 +603,7 @@ async def health(request: web.Request) -> web.Response:
     if not em.runner.running:
         return web.Response(status=503)
     rid = f"HEALTH_CHECK_{uuid.uuid4().hex}"
-    probe = em.runner.submit(rid, [0], [em.codec.im_end_id], counted=False)
+    probe = em.runner.submit(rid, [0], [em.codec.end_of_turn_id], counted=False)
     waits = [asyncio.ensure_future(_finished(probe)), asyncio.ensure_future(em.runner.next_step())]
     try:
         done, _ = await asyncio.wait(
@@ -642,6 +641,7 @@ def _server_info(em: Emulator) -> Json:
         "model_path": cfg.model_name,
         "served_model_name": cfg.model_name,
         "tokenizer_path": cfg.tokenizer_path,
+        "chat_template": cfg.chat_template,
         "host": cfg.host,
         "port": cfg.port,
         "page_size": ecfg.page_size,
@@ -821,7 +821,9 @@ async def prefix_match(request: web.Request) -> web.Response:
     return json_response({"page_size": em.config.engine.page_size, "results": results})
 
 
-def make_app(config: EmulatorConfig, engine: EngineModel, codec: ChatCodec) -> web.Application:
+def make_app(
+    config: EmulatorConfig, engine: EngineModel, codec: WorkerTokenizer
+) -> web.Application:
     app = web.Application(
         middlewares=[fastapi_errors, _fault_middleware], client_max_size=64 * 1024**2
     )

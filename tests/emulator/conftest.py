@@ -6,6 +6,7 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,9 +15,10 @@ import pytest
 
 from smetric_router.emulator.config import EmulatorConfig
 from smetric_router.emulator.server import make_app, start_server
+from smetric_router.emulator.tokenizer import DEFAULT_TOKENIZER_DIR, load_tokenizer
 from smetric_router.engine.api import EngineConfig
 from smetric_router.engine.engine import Engine
-from smetric_router.features.chat import DEFAULT_TOKENIZER_DIR, ChatCodec, load_codec
+from tests.emulator.reference import ReferenceTokenizer
 
 MODEL = "emu-test"
 PAGE = 16
@@ -39,7 +41,7 @@ class Worker:
     url: str
     http: aiohttp.ClientSession
     config: EmulatorConfig
-    codec: ChatCodec
+    codec: ReferenceTokenizer  # tokenization checked against transformers, not the emulator
 
     async def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         async with self.http.post(self.url + path, json=body) as r:
@@ -85,12 +87,13 @@ def make_config(**changes: Any) -> EmulatorConfig:
 
 @contextlib.asynccontextmanager
 async def serving(config: EmulatorConfig) -> AsyncIterator[Worker]:
-    codec = load_codec()
-    app = make_app(config, Engine(config.engine), codec)
+    tokenizer = load_tokenizer(config.tokenizer_path, config.chat_template)
+    app = make_app(config, Engine(config.engine), tokenizer)
     runner = await start_server(app, config.host, config.port)
     try:
         async with aiohttp.ClientSession() as http:
-            yield Worker(f"http://{config.host}:{config.port}", http, config, codec)
+            reference = ReferenceTokenizer(Path(config.tokenizer_path))
+            yield Worker(f"http://{config.host}:{config.port}", http, config, reference)
     finally:
         await runner.cleanup()
 

@@ -36,7 +36,7 @@ async def test_generate_default_length_text_prompt_and_reproducible(worker: Work
     _, first = await worker.post("/generate", body)
     _, second = await worker.post("/generate", body)
     assert first["meta_info"]["completion_tokens"] == 128  # SGLang's max_new_tokens default
-    assert first["meta_info"]["prompt_tokens"] == len(worker.codec.encode(text))
+    assert first["meta_info"]["prompt_tokens"] == len(worker.codec.prompt_ids(text))
     assert first["text"] == second["text"]
     assert second["meta_info"]["cached_tokens"] == 0  # 5-token prompt: no full page
     _, other = await worker.post("/generate", {"text": "another prompt", "sampling_params": {}})

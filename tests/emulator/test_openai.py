@@ -99,13 +99,13 @@ async def test_completions_stream_and_not(worker: Worker) -> None:
     (choice,) = out["choices"]
     assert choice["finish_reason"] == "length"
     assert len(worker.codec.encode(choice["text"])) == 7
-    assert out["usage"]["prompt_tokens"] == len(worker.codec.encode("Once upon a time"))
+    assert out["usage"]["prompt_tokens"] == len(worker.codec.prompt_ids("Once upon a time"))
     events = await worker.sse("/v1/completions", {**body, "stream": True})
     assert events[-1] == "[DONE]"
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == choice["text"]
     assert events[-2]["choices"][0]["finish_reason"] == "length"
     # token-id prompts and max_completion_tokens
-    ids = worker.codec.encode("Once upon a time")
+    ids = worker.codec.prompt_ids("Once upon a time")
     _, by_ids = await worker.post(
         "/v1/completions", {"model": MODEL, "prompt": ids, "max_completion_tokens": 7}
     )
