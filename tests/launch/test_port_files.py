@@ -4,12 +4,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,27 +13,12 @@ import pytest
 from smetric_router.core.port_file import read_port_file, write_port_file
 from smetric_router.launch import ClusterSpec, PdSpec, RouterSpec, Stack, WorkerSpec, plan_workers
 from smetric_router.launch.stack import dry_run
+from tests.reported import reported
 
 
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.load(r)
-
-
-@contextmanager
-def reported(argv: list[str], port_file: Path) -> Iterator[dict[str, int]]:
-    """Start `python -m argv... --port-file port_file`; yield its ports once reported."""
-    proc = subprocess.Popen([sys.executable, "-m", *argv, "--port-file", str(port_file)])
-    try:
-        deadline = time.monotonic() + 60
-        while (ports := read_port_file(port_file)) is None:
-            assert proc.poll() is None, f"{argv[0]} exited with {proc.returncode}"
-            assert time.monotonic() < deadline, f"{argv[0]} reported no ports"
-            time.sleep(0.05)
-        yield ports
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
 
 
 def test_port_file_round_trip_and_bad_content(tmp_path: Path) -> None:
