@@ -132,8 +132,12 @@ class KvIndex:
                 tier = _tier(ev.medium)
                 if tier is None:
                     continue
-                for h in ev.block_hashes:
-                    self._remove(st, h, tier)
+                # SGLang lists an evicted chain root first, so a page may go before its children
+                # in the same event: only what the whole event leaves orphaned needs a repair.
+                parents = [h for h in ev.block_hashes if self._remove(st, h, tier)]
+                if parents and self._orphaned(st, parents, tier):
+                    st.repairs += 1
+                    self._repair(st)
             elif isinstance(ev, AllBlocksCleared):
                 self.clear(worker)
 
@@ -157,10 +161,11 @@ class KvIndex:
                 st.kids_gpu[parent] = st.kids_gpu.get(parent, 0) + 1
         st.tiers[h] = old | tier
 
-    def _remove(self, st: _WorkerState, h: int, tier: int) -> None:
+    def _remove(self, st: _WorkerState, h: int, tier: int) -> bool:
+        """Drop `tier` from page h; True if h then still had held children in a view it left."""
         old = st.tiers.get(h, 0)
         if not old & tier:
-            return
+            return False
         parent = st.parent[h]
         orphans = False
         if tier == _GPU:
@@ -178,10 +183,18 @@ class KvIndex:
             self._unset(self._local, h, st.bit)
             if parent is not None:
                 _dec(st.kids_local, parent)
-        if orphans:
-            # A radix cache evicts leaves first; if this publisher did not, drop what hangs off.
-            st.repairs += 1
-            self._repair(st)
+        return orphans
+
+    @staticmethod
+    def _orphaned(st: _WorkerState, removed: list[int], tier: int) -> bool:
+        """Whether a page removed from `tier` still has held children in a view it left (a
+        radix cache evicts leaves first; a publisher that did not needs a repair)."""
+        for h in removed:
+            if tier == _GPU and h in st.kids_gpu:
+                return True
+            if h not in st.tiers and h in st.kids_local:
+                return True
+        return False
 
     def _repair(self, st: _WorkerState) -> None:
         """Keep of each page only the tiers its ancestry still supports (the store admission

@@ -13,7 +13,8 @@ Sequence handling (never keep stale hits):
 - the SUB connection dropping (seen through the socket monitor) may be a restarted worker whose
   new seq happens to continue ours: clear, reconnect, and start up again;
 - the live stream going backwards means the publisher restarted (a fresh cache): clear too;
-- a batch that does not decode is a lost batch: clear.
+- a batch that does not decode (garbage, or a schema other than SGLang 0.5.23's) is a lost batch:
+  clear, count it in `decode_errors` and log it (one warning per run of undecodable batches).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class FeedState:
     batches_applied: int
     gaps_recovered: int
     resets: int
+    decode_errors: int
     block_size: int | None
 
 
@@ -118,6 +120,8 @@ class KvEventFeed:
         self.batches_applied = 0
         self.gaps_recovered = 0
         self.resets = 0
+        self.decode_errors = 0
+        self._undecodable_run = False  # the last batch applied did not decode
         self._sub_last = -1
 
     @property
@@ -134,6 +138,7 @@ class KvEventFeed:
             batches_applied=self.batches_applied,
             gaps_recovered=self.gaps_recovered,
             resets=self.resets,
+            decode_errors=self.decode_errors,
             block_size=None if self._ep is None else self._ep.block_size,
         )
 
@@ -332,11 +337,24 @@ class KvEventFeed:
         self.last_seq = seq
         try:
             batch = decode_batch(payload)
-        except msgspec.DecodeError:
-            log.warning("%s: undecodable KV-event batch %d", self.url, seq)
+        except msgspec.DecodeError as e:  # ValidationError (a foreign schema) is one too
+            # What this batch changed is unknown, so this worker's view starts over.
             self._index.clear(self.url)
             self.resets += 1
+            self.decode_errors += 1
+            level = logging.DEBUG if self._undecodable_run else logging.WARNING
+            self._undecodable_run = True
+            log.log(
+                level,
+                "%s: KV-event batch %d (%d B) is not SGLang 0.5.23's schema (%s); "
+                "its cache view is cleared",
+                self.url,
+                seq,
+                len(payload),
+                e,
+            )
             return
+        self._undecodable_run = False
         self._index.apply(self.url, batch)
         self.batches_applied += 1
 

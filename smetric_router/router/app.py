@@ -187,6 +187,7 @@ class RouterState:
                     kv_connected=kv.connected if kv else None,
                     kv_resets=kv.resets if kv else 0,
                     kv_gaps_recovered=kv.gaps_recovered if kv else 0,
+                    kv_decode_errors=kv.decode_errors if kv else 0,
                 )
             )
         return out

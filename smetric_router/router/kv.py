@@ -15,6 +15,9 @@ class FeedStats(Protocol):
     @property
     def gaps_recovered(self) -> int: ...
 
+    @property
+    def decode_errors(self) -> int: ...
+
 
 class KvFeeds(Protocol):
     async def add_worker(self, url: str) -> None: ...

@@ -25,6 +25,7 @@ class WorkerSample:
     kv_connected: bool | None = None  # None: no KV-event feed for this worker
     kv_resets: int = 0
     kv_gaps_recovered: int = 0
+    kv_decode_errors: int = 0
 
 
 class _WorkerCollector(Collector):
@@ -48,12 +49,19 @@ class _WorkerCollector(Collector):
         )
         resets = CounterMetricFamily(
             "smetric_kv_event_resets",
-            "Times the worker's KV index was cleared after an unrecoverable event gap",
+            "Times the worker's KV index was cleared: an unrecoverable event gap, a restart, an "
+            "undecodable batch",
             labels=["worker"],
         )
         gaps = CounterMetricFamily(
             "smetric_kv_event_gaps_recovered",
             "Event gaps recovered through the replay socket",
+            labels=["worker"],
+        )
+        decode_errors = CounterMetricFamily(
+            "smetric_kv_event_decode_errors",
+            "KV-event batches that did not decode (a foreign schema or garbage); each cleared "
+            "the worker's KV index",
             labels=["worker"],
         )
         for s in self._sample():
@@ -64,7 +72,8 @@ class _WorkerCollector(Collector):
                 connected.add_metric([s.url], 1.0 if s.kv_connected else 0.0)
                 resets.add_metric([s.url], s.kv_resets)
                 gaps.add_metric([s.url], s.kv_gaps_recovered)
-        return [healthy, inflight, load, connected, resets, gaps]
+                decode_errors.add_metric([s.url], s.kv_decode_errors)
+        return [healthy, inflight, load, connected, resets, gaps, decode_errors]
 
 
 class RouterMetrics:
