@@ -13,15 +13,14 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
-from smetric_router.cluster.publisher import KvEventPublisher
-from smetric_router.core.kv_events import AnyEvent, KVCacheEvent
+from smetric_router.core.kv_events import KVCacheEvent
 from smetric_router.core.port_file import bound_port
 from smetric_router.emulator import loads as v1_loads
 from smetric_router.emulator import replies
@@ -46,6 +45,7 @@ from smetric_router.emulator.errors import (
     openai_error,
 )
 from smetric_router.emulator.faults import Faults
+from smetric_router.emulator.kv_publisher import KvEventPublisher
 from smetric_router.emulator.metrics import make_registry
 from smetric_router.emulator.pd import (
     Handover,
@@ -94,16 +94,16 @@ class Emulator:
 
     def _publish(self, events: list[KVCacheEvent]) -> None:
         if self._publisher is not None:
-            # The engine types events by their base class; every one is a member of AnyEvent.
-            self._publisher.publish(cast("list[AnyEvent]", events))
+            self._publisher.publish(events)
 
     async def start(self) -> None:
         kv = self.config.kv_events()
-        endpoint = None if kv is None else kv.endpoint
+        endpoint = None
         if kv is not None:
             self._publisher = KvEventPublisher(
                 kv.endpoint, kv.replay_endpoint, kv.topic, kv.buffer_steps, kv.hwm, kv.binds
             )
+            endpoint = self._publisher.endpoint  # as bound (a port 0 resolved)
         if self.config.role == "prefill":
             self._bootstrap = await start_server(
                 make_bootstrap_app(self.rooms), self.config.host, self.config.bootstrap_port

@@ -1,0 +1,71 @@
+"""Raw-prompt traffic for the launched stacks: /generate with token ids (no tokenizer or chat
+template between the test and the workers' caches), and what the router's index says of them."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+
+PAGE = 16  # the stacks' page size (WorkerSpec default)
+
+
+def token_ids(seed: int, n: int) -> list[int]:
+    """n token ids of the bundled vocabulary, distinct per seed from the first page on."""
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 30000) for _ in range(n)]
+
+
+async def generate(
+    http: aiohttp.ClientSession,
+    url: str,
+    ids: list[int],
+    headers: Mapping[str, str] | None = None,
+    max_new_tokens: int = 4,
+) -> tuple[str, str]:
+    """POST /generate; (x-smetric-worker, x-smetric-reason) of a 200 answer."""
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens}}
+    async with http.post(f"{url}/generate", json=body, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        await r.read()
+        return r.headers.get("x-smetric-worker", ""), r.headers.get("x-smetric-reason", "")
+
+
+async def router_hits(http: aiohttp.ClientSession, router: str, ids: list[int]) -> dict[str, int]:
+    """Per worker, the GPU-tier prefix of `ids` the router's KV-event index says it holds."""
+    async with http.post(f"{router}/smetric/prefix_match", json={"input_ids": ids}) as r:
+        assert r.status == 200, await r.text()
+        result: dict[str, Any] = (await r.json())["results"][0]
+    return {url: int(tiers["device"]) for url, tiers in result.items()}
+
+
+async def listed_workers(http: aiohttp.ClientSession, router: str) -> dict[str, dict[str, Any]]:
+    async with http.get(f"{router}/workers") as r:
+        assert r.status == 200
+        return {w["url"]: w for w in (await r.json())["workers"]}
+
+
+async def eventually(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 20.0) -> Any:
+    """Poll until `probe` returns something truthy; return it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (value := await probe()):
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+    return value
+
+
+async def wait_indexed(
+    http: aiohttp.ClientSession, router: str, worker: str, ids: list[int]
+) -> None:
+    """Until the router's index has every full page of `ids` on `worker`."""
+    full = len(ids) // PAGE * PAGE
+
+    async def held() -> bool:
+        return (await router_hits(http, router, ids)).get(worker, 0) >= full
+
+    await eventually(held, f"{worker}'s KV events for {full} tokens to reach the router")
