@@ -1,0 +1,56 @@
+"""Every baseline policy through a router process over launched emulated workers: each serves and
+answers with its own name as the decision's reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from smetric_router.launch import Stack
+from smetric_router.policies import policy_names
+from tests.e2e.conftest import ROUTER_ARGS, StackFactory
+from tests.e2e.raw import eventually, generate, token_ids
+from tests.reported import reported
+
+BASELINES = [p for p in policy_names() if p != "smetric"]
+
+
+@pytest.fixture(scope="module")
+def stack(make_stack: StackFactory) -> Stack:
+    """Two emulated workers, shared by the module's routers."""
+    return make_stack(workers=2)
+
+
+def test_every_policy_but_smetric_is_a_baseline() -> None:
+    assert set(BASELINES) == {"bailian", "lmetric", "load_balance", "least_tokens", "cache_aware",
+                              "round_robin", "random", "power_of_two"}  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", BASELINES)
+async def test_baseline_policy_through_the_router(
+    stack: Stack, tmp_path: Path, policy: str
+) -> None:
+    args = ["smetric_router", "--port", "0", "--policy", policy, *ROUTER_ARGS,
+            "--worker-urls", *stack.worker_urls]  # fmt: skip
+    with reported(args, tmp_path / "router.json") as ports:
+        url = f"http://127.0.0.1:{ports['http']}"
+        model = stack.spec.workers.model_name
+        async with aiohttp.ClientSession() as http:
+
+            async def ready() -> bool:
+                async with http.get(f"{url}/readiness") as r:
+                    return r.status == 200
+
+            await eventually(ready, f"the {policy} router's readiness")
+            prompt = token_ids(seed=7, n=320)
+            for ids, hint in ((prompt, {}), (prompt + [9] * 48, {"x-smetric-turn": "1"})):
+                worker, reason = await generate(http, url, ids, hint)
+                assert (worker in stack.worker_urls, reason) == (True, policy)
+            messages = [{"role": "user", "content": f"Which policy? {policy}"}]
+            chat = {"model": model, "max_tokens": 4, "messages": messages}
+            async with http.post(f"{url}/v1/chat/completions", json=chat) as r:
+                assert r.status == 200, await r.text()
+                assert r.headers["x-smetric-reason"] == policy
+                assert (await r.json())["choices"][0]["message"]["content"]
