@@ -85,7 +85,11 @@ async def test_generate_with_turn_hint_and_bad_input(make_stack: StackFactory) -
             assert r.status == 400
             assert (await r.json())["error"]["type"] == "invalid_request_error"
         async with http.post(f"{stack.url}/v1/chat/completions", json={"model": "x"}) as r:
-            assert r.status in (400, 404)
-            assert "error" in await r.json()
+            assert r.status == 404  # the model is checked first: no worker serves "x"
+            assert (await r.json())["error"]["code"] == "model_not_found"
+        model = {"model": stack.spec.workers.model_name}
+        async with http.post(f"{stack.url}/v1/chat/completions", json=model) as r:
+            assert r.status == 400  # a served model, but no messages
+            assert "messages" in (await r.json())["error"]["message"]
         async with http.get(f"{stack.url}/health") as r:
             assert r.status == 200  # still serving
