@@ -3,6 +3,10 @@
 A batch is a msgpack array [ts, events, attn_dp_rank]; each event is a map tagged by "type".
 Optional fields equal to None are omitted; parent_block_hash and lora_id are always present.
 ZMQ frames are [topic, seq (8-byte big-endian), payload].
+
+The router decodes with this schema (checked against recorded SGLang traffic in
+tests/fixtures/kv_events). The structs double as plain event records for the engine model;
+the emulated worker encodes them with its own encoder (emulator/kv_events.py), not this schema.
 """
 
 from __future__ import annotations
@@ -44,12 +48,7 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     attn_dp_rank: int | None = None
 
 
-_encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(KVEventBatch)
-
-
-def encode_batch(batch: KVEventBatch) -> bytes:
-    return _encoder.encode(batch)
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:

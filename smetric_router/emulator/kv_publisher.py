@@ -1,4 +1,9 @@
-"""A KV-event publisher speaking SGLang 0.5.23's ZMQ wire protocol (used by the emulated worker).
+"""The emulated worker's KV-event publisher: SGLang 0.5.23's ZMQ wire protocol.
+
+Payloads come from the emulator's own encoder (emulator/kv_events.py), never from the router's
+decoding schema; tests/emulator/test_kv_encoding_recorded.py checks frames and replay answers
+byte for byte against a recording of real SGLang (tests/fixtures/kv_events). The router's
+subscriber tests also use this publisher as their stand-in for a worker.
 
 PUB frames: [topic, seq (8-byte big-endian), msgpack KVEventBatch]; seq starts at 0. The PUB
 socket binds its endpoint, or with bind=False connects to it (SGLang's `--kv-events-config`
@@ -25,7 +30,8 @@ from dataclasses import dataclass
 
 import zmq
 
-from smetric_router.core.kv_events import AnyEvent, KVEventBatch, encode_batch
+from smetric_router.core.kv_events import KVCacheEvent
+from smetric_router.emulator.kv_events import encode_batch
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +41,8 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 @dataclass(frozen=True, slots=True)
 class _Item:
     seq: int
-    batch: KVEventBatch
+    ts: float
+    events: list[KVCacheEvent]
 
 
 class KvEventPublisher:
@@ -78,15 +85,15 @@ class KvEventPublisher:
         self._thread = threading.Thread(target=self._run, name="kv-event-publisher", daemon=True)
         self._thread.start()
 
-    def publish(self, events: Sequence[AnyEvent], ts: float | None = None) -> int:
+    def publish(self, events: Sequence[KVCacheEvent], ts: float | None = None) -> int:
         """Queue one batch; returns the seq it will carry."""
         if self._closed:
             raise RuntimeError("publisher is closed")
-        batch = KVEventBatch(time.time() if ts is None else ts, list(events), 0)
+        stamp = time.time() if ts is None else ts
         with self._seq_lock:
             seq = self._next_seq
             self._next_seq += 1
-            self._queue.put(_Item(seq, batch))
+            self._queue.put(_Item(seq, stamp, list(events)))
         self._wake()
         return seq
 
@@ -147,7 +154,7 @@ class KvEventPublisher:
                 return True
             if item is None:
                 return False
-            payload = encode_batch(item.batch)
+            payload = encode_batch(item.events, item.ts)
             seq_bytes = item.seq.to_bytes(8, "big")
             with self._seq_lock:
                 drop = self._drops.pop(item.seq, None)

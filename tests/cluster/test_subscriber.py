@@ -11,7 +11,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from smetric_router.cluster.kv_index import KvIndex
-from smetric_router.cluster.publisher import KvEventPublisher
 from smetric_router.cluster.subscriber import FeedConfig, KvEventFeed, KvEventHub
 from smetric_router.core.kv_events import (
     CPU_PINNED,
@@ -20,6 +19,7 @@ from smetric_router.core.kv_events import (
     BlockRemoved,
     BlockStored,
 )
+from smetric_router.emulator.kv_publisher import KvEventPublisher
 
 PAGE = 16
 CONFIG = FeedConfig(replay_timeout_s=0.5, retry_max_s=0.2)

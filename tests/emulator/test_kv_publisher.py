@@ -8,8 +8,8 @@ import msgspec
 import pytest
 import zmq
 
-from smetric_router.cluster.publisher import KvEventPublisher
 from smetric_router.core.kv_events import CPU_PINNED, AllBlocksCleared, BlockRemoved, BlockStored
+from smetric_router.emulator.kv_publisher import KvEventPublisher
 
 DEADLINE_S = 5.0
 
