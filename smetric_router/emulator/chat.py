@@ -16,7 +16,9 @@ _apply_jinja_template, _render_and_encode_chat_template):
 
 Not emulated: SGLang's conversation (non-Jinja) and Python chat templates, model-specific
 encoders (DeepSeek V3.2/V4, Kimi K3, MiniMax M3, GPT-OSS), tool results reordered around media,
-DB-style type aliases rewritten in tool schemas, JSON-schema validation of tool parameters.
+DB-style type aliases rewritten in tool schemas, JSON-schema validation of tool parameters. The
+emulated model is text-only: image, video and audio parts are refused, as SGLang refuses them for
+a text-only model.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def chat_prompt_ids(tok: WorkerTokenizer, body: Json) -> list[int]:
     """The prompt ids SGLang would compute for this /v1/chat/completions body. Raises BadRequest
     (400) for what SGLang refuses, InternalError (500) where its template fails unexpectedly."""
     request = parse_chat_request(body)
+    if not request.messages:
+        raise BadRequest("Messages cannot be empty.")
     _validate(request)
     for message in request.messages:
         _parse_tool_call_arguments(message)
@@ -65,6 +69,18 @@ def _validate(request: ChatRequest) -> None:
         raise BadRequest(
             "Request-supplied chat_template is not allowed. Start the server with "
             "--trust-request-chat-template to permit it."
+        )
+    media = (
+        part["type"]
+        for m in request.messages
+        if isinstance(m["content"], list)
+        for part in m["content"]
+        if part["type"] in _MEDIA_KINDS
+    )
+    kind = next(media, None)
+    if kind is not None:  # the emulated model (Qwen3-Coder) is text-only
+        raise BadRequest(
+            f"Model only supports text input; received unsupported content type '{kind}'."
         )
     names = request.effective_tool_names()
     choice = request.tool_choice

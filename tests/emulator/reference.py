@@ -17,16 +17,20 @@ BUNDLED = Path(__file__).resolve().parents[2] / "smetric_router" / "assets" / "t
 
 
 @functools.cache
-def hf_tokenizer(path: Path = BUNDLED) -> PreTrainedTokenizerFast:
+def hf_tokenizer(path: Path = BUNDLED, chat_template: str | None = None) -> PreTrainedTokenizerFast:
+    """The tokenizer of a directory, with chat_template (Jinja text) in place of its own."""
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    return PreTrainedTokenizerFast.from_pretrained(
+    tok = PreTrainedTokenizerFast.from_pretrained(
         str(path), clean_up_tokenization_spaces=False, local_files_only=True
     )
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    return tok
 
 
 class ReferenceTokenizer:
-    def __init__(self, path: Path = BUNDLED) -> None:
-        self.hf = hf_tokenizer(path)
+    def __init__(self, path: Path = BUNDLED, chat_template: str | None = None) -> None:
+        self.hf = hf_tokenizer(path, chat_template)
         self.im_end_id = int(self.hf.convert_tokens_to_ids("<|im_end|>"))
 
     def encode(self, text: str) -> list[int]:
