@@ -19,6 +19,8 @@ import zmq
 from smetric_router.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from smetric_router.emulator.kv_events import encode_batch, event_map
 from smetric_router.emulator.kv_publisher import KvEventPublisher
+from smetric_router.engine.api import EngineConfig, EngineRequest
+from smetric_router.engine.engine import Engine
 from tests.fixtures.kv_events import Message, load
 
 REC = load()
@@ -75,6 +77,30 @@ def test_layout_details_sglang_fixes() -> None:
     assert msgspec.msgpack.decode(encode_batch([AllBlocksCleared()], 2.0, None)) == [
         2.0, [{"type": "AllBlocksCleared"}], None,
     ]  # fmt: skip
+
+
+def test_engine_emits_sglangs_events_until_the_first_eviction() -> None:
+    """The engine the emulator runs, given the recorded worker's pool sizes and requests, emits
+    SGLang's events (hashes, parents, token ids, media, one store per request and tier) up to
+    the first eviction. Later they part: SGLang evicts more than a request needs (48 of 64 device
+    pages kept after the fills, the engine 63) and SGLang's probe refreshed host-only prefixes
+    (the Rust tree core's touch), so different pages go."""
+    device = REC.metadata["server_args"]["max_total_num_tokens"]
+    host = 2 * device + REC.page_size  # --hicache-ratio 2 plus SGLang's padding page
+    config = EngineConfig(page_size=REC.page_size, gpu_kv_tokens=device, host_kv_tokens=host)
+    engine = Engine(config)
+    emitted: list[KVCacheEvent] = []
+    insert = REC.phases[0]
+    for name in ["startup_0", *(r["prompt"] for r in insert.requests)]:  # SGLang's warm-up first
+        engine.add_request(EngineRequest(name, REC.prompts[name], [7]))
+        while engine.has_work():
+            emitted += engine.step().kv_events
+        emitted += engine.drain_events()
+    recorded = [
+        ev for m in BATCHES[1 : insert.last_seq + 1] for ev in msgspec.msgpack.decode(m.payload)[1]
+    ]
+    assert len(recorded) == 12
+    assert [event_map(ev) for ev in emitted] == recorded
 
 
 # --- frames and replay through the emulator's publisher -------------------------------------
