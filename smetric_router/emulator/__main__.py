@@ -9,6 +9,8 @@ import signal
 from collections.abc import Sequence
 from dataclasses import replace
 
+from aiohttp import web
+
 from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.emulator.config import (
     DEFAULT_BOOTSTRAP_PORT,
@@ -196,13 +198,21 @@ def with_bound_ports(config: EmulatorConfig, ports: dict[str, int]) -> EmulatorC
     return config
 
 
+async def start_bound(app: web.Application) -> tuple[web.AppRunner, dict[str, int]]:
+    """Serve an emulator app on its config's ports; those given as 0 are bound by the OS. Its
+    config then holds the ports as bound (so /server_info reports them); returns the runner and
+    the ports by name (http, kv_events, kv_events_replay, bootstrap)."""
+    em = app[EMULATOR]
+    runner = await start_server(app, em.config.host, em.config.port)
+    ports = {"http": bound_port(runner), **em.bound_ports()}
+    em.config = with_bound_ports(em.config, ports)
+    return runner, ports
+
+
 async def serve(config: EmulatorConfig, port_file: str | None = None) -> None:
     tokenizer = load_tokenizer(config.tokenizer_path, config.chat_template)
     app = make_app(config, Engine(config.engine), tokenizer)
-    runner = await start_server(app, config.host, config.port)
-    em = app[EMULATOR]
-    ports = {"http": bound_port(runner), **em.bound_ports()}
-    em.config = with_bound_ports(config, ports)  # /server_info reports what was bound
+    runner, ports = await start_bound(app)
     if port_file is not None:
         write_port_file(port_file, ports)
     log.info("%s; serving http://%s:%d", NOTICE, config.host, ports["http"])

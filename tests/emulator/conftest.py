@@ -1,4 +1,4 @@
-"""An emulated worker served in-process on free ports, with a client session."""
+"""An emulated worker served in-process on ports it binds itself (0), with a client session."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import aiohttp
 import orjson
 import pytest
 
+from smetric_router.emulator.__main__ import start_bound
 from smetric_router.emulator.config import EmulatorConfig
-from smetric_router.emulator.server import make_app, start_server
+from smetric_router.emulator.server import EMULATOR, make_app
 from smetric_router.emulator.tokenizer import DEFAULT_TOKENIZER_DIR, load_tokenizer
 from smetric_router.engine.api import EngineConfig
 from smetric_router.engine.engine import Engine
@@ -25,7 +26,8 @@ PAGE = 16
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct free ports (held together while chosen, so none is handed out twice)."""
+    """n distinct ports free now and then released: for a port nobody should listen on, or one a
+    test's own socket binds (servers under test bind port 0 instead)."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -69,16 +71,16 @@ class Worker:
 
 
 def make_config(**changes: Any) -> EmulatorConfig:
-    """A worker's config on fresh free ports (HTTP, KV events, replay, bootstrap)."""
-    http_port, events_port, replay_port, bootstrap_port = free_ports(4)
+    """A worker's config on ports 0 (HTTP, KV events, replay, bootstrap): serving() binds free
+    ones and its Worker's config holds them as bound."""
     config = EmulatorConfig(
         host="127.0.0.1",
-        port=http_port,
+        port=0,
         model_name=MODEL,
         tokenizer_path=str(DEFAULT_TOKENIZER_DIR),
-        kv_events_port=events_port,
-        kv_events_replay_port=replay_port,
-        bootstrap_port=bootstrap_port,
+        kv_events_port=0,
+        kv_events_replay_port=0,
+        bootstrap_port=0,
         speedup=50.0,
         engine=EngineConfig(page_size=PAGE, gpu_kv_tokens=1 << 16),
     )
@@ -89,11 +91,12 @@ def make_config(**changes: Any) -> EmulatorConfig:
 async def serving(config: EmulatorConfig) -> AsyncIterator[Worker]:
     tokenizer = load_tokenizer(config.tokenizer_path, config.chat_template)
     app = make_app(config, Engine(config.engine), tokenizer)
-    runner = await start_server(app, config.host, config.port)
+    runner, ports = await start_bound(app)
+    config = app[EMULATOR].config  # the ports as bound
     try:
         async with aiohttp.ClientSession() as http:
             reference = ReferenceTokenizer(Path(config.tokenizer_path))
-            yield Worker(f"http://{config.host}:{config.port}", http, config, reference)
+            yield Worker(f"http://{config.host}:{ports['http']}", http, config, reference)
     finally:
         await runner.cleanup()
 
