@@ -6,13 +6,14 @@ import asyncio
 import signal
 import sys
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
 
+from smetric_router.core.port_file import read_port_file
 from smetric_router.router.cli import build_parser, config_from_args
 from tests.router.conftest import MakeWorker
-from tests.router.fakes import free_port
 
 
 def test_flags_map_to_config() -> None:
@@ -71,15 +72,26 @@ async def _wait_ok(s: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.
         await asyncio.sleep(0.05)
 
 
-async def test_process_serves_and_stops_on_sigterm(make_worker: MakeWorker) -> None:
+async def _reported(path: Path, proc: asyncio.subprocess.Process) -> dict[str, int]:
+    deadline = time.monotonic() + 20
+    while (ports := read_port_file(path)) is None:
+        assert proc.returncode is None, "router exited during start-up"
+        assert time.monotonic() < deadline, "router reported no ports"
+        await asyncio.sleep(0.05)
+    return ports
+
+
+async def test_process_serves_and_stops_on_sigterm(make_worker: MakeWorker, tmp_path: Path) -> None:
     w = await make_worker("a")
-    port, prom = free_port(), free_port()
+    port_file = tmp_path / "ports.json"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "smetric_router",
-        "--port", str(port), "--worker-urls", w.url, "--prometheus-port", str(prom),
-        "--log-level", "warning",
+        "--port", "0", "--worker-urls", w.url, "--prometheus-port", "0",
+        "--log-level", "warning", "--port-file", str(port_file),
     )  # fmt: skip
     try:
+        ports = await _reported(port_file, proc)
+        port, prom = ports["http"], ports["prometheus"]
         async with aiohttp.ClientSession() as s:
             await _wait_ok(s, f"http://127.0.0.1:{port}/readiness", proc)
             body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -101,7 +113,7 @@ async def test_process_refuses_workers_that_disagree_on_page_size(
 ) -> None:
     a, b = await make_worker("a", page_size=16), await make_worker("b", page_size=64)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "smetric_router", "--port", str(free_port()),
+        sys.executable, "-m", "smetric_router", "--port", "0",
         "--worker-urls", a.url, b.url,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
