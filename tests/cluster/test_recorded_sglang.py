@@ -27,54 +27,16 @@ from smetric_router.core.kv_events import (
     KVEventBatch,
     decode_batch,
 )
-from smetric_router.features.hashing import page_hashes
 from tests.cluster.recorded_worker import RecordedWorker
 from tests.fixtures.kv_events import Message, Phase, load
+from tests.fixtures.kv_events.truths import Truths
 
-W = "http://sglang-worker"
 CONFIG = FeedConfig(replay_timeout_s=0.5, retry_max_s=0.2)
 REC = load()
 PAGE = REC.page_size
 PROMPTS = REC.prompts
-HASHES = {name: page_hashes(toks, PAGE) for name, toks in PROMPTS.items()}
-
-
-def apply(index: KvIndex, messages: Iterable[Message]) -> None:
-    for m in messages:
-        index.apply(W, decode_batch(m.payload))
-
-
-def warm_index() -> KvIndex:
-    """The index as a subscriber builds it: the first replay (sent right after joining), then
-    the live stream."""
-    index = KvIndex()
-    apply(index, REC.replay(0)[:-1])
-    return index
-
-
-def matches(index: KvIndex, url: str, names: Iterable[str]) -> dict[str, tuple[int, int]]:
-    return {n: index.match(HASHES[n], PAGE).get(url, (0, 0)) for n in names}
-
-
-def truth_pages(phase: Phase) -> tuple[int, int]:
-    """Distinct pages on the device, and in any tier, by the worker's own probe: every page
-    the worker caches is a prefix page of a probed prompt (all requests had 1 new token)."""
-    device: set[int] = set()
-    anywhere: set[int] = set()
-    for name, (dev, host) in phase.probe.items():
-        device.update(HASHES[name][: dev // PAGE])
-        anywhere.update(HASHES[name][: host // PAGE])
-    return len(device), len(anywhere)
-
-
-def check_phase(index: KvIndex, url: str, phase: Phase) -> None:
-    assert matches(index, url, phase.probe) == phase.probe, phase.name
-    stats = index.stats(url)
-    device, anywhere = truth_pages(phase)
-    # write-through: every cached page has a host copy, so host-tier pages = pages anywhere
-    assert (stats.gpu_pages, stats.host_pages) == (device, anywhere), phase.name
-    if phase.name != "flush":  # /flush_cache does not refresh the gauge
-        assert phase.host_used_tokens == stats.host_pages * PAGE, phase.name
+T = Truths(REC)
+matches, check_phase = T.matches, T.check_phase
 
 
 # --- the recording itself -------------------------------------------------------------------
@@ -129,7 +91,7 @@ def test_recorded_block_hashes_are_the_routers_page_hashes() -> None:
     by_hash = {
         h: toks[i * PAGE : (i + 1) * PAGE]
         for name, toks in PROMPTS.items()
-        for i, h in enumerate(HASHES[name])
+        for i, h in enumerate(T.hashes[name])
     }
     seen = 0
     for m in REC.replay(1)[:-1]:
@@ -186,43 +148,13 @@ def test_decoded_events_per_phase() -> None:
 
 
 def test_index_equals_the_workers_probe_and_gauge_after_each_phase() -> None:
-    index = warm_index()
-    start = 0
-    seen = []
-    for phase in REC.phases:
-        apply(index, REC.sub[start : phase.sub_through])
-        start = phase.sub_through
-        check_phase(index, W, phase)
-        s = index.stats(W)
-        seen.append((phase.name, s.gpu_pages, s.host_pages))
-    assert seen == [("insert", 27, 27), ("device_evict", 48, 91), ("host_hit", 56, 91),
-                    ("host_evict", 48, 123), ("flush", 0, 0)]  # fmt: skip
-    # SGLang evicts leaves first and stores parents first: nothing was rejected or repaired
-    assert (index.stats(W).rejected_stores, index.stats(W).repairs) == (0, 0)
+    pages = T.check_phases()  # (phase, GPU pages, host pages)
+    assert pages == [("insert", 27, 27), ("device_evict", 48, 91), ("host_hit", 56, 91),
+                     ("host_evict", 48, 123), ("flush", 0, 0)]  # fmt: skip
 
 
 def test_index_predicts_sglang_cached_tokens_for_every_request() -> None:
-    """Before each request, the index's hit (capped as SGLang caps it: a prompt reuses at most
-    its first len-1 tokens, page aligned) is what SGLang then reported as cached, per tier."""
-    index = warm_index()
-    start = 0
-    checked = 0
-    for phase in REC.phases:
-        for req in phase.requests:
-            apply(index, REC.sub[start : req["sub_messages_before"]])
-            start = req["sub_messages_before"]
-            if "prompt" not in req:
-                continue
-            device, local = matches(index, W, [req["prompt"]])[req["prompt"]]
-            cap = (len(PROMPTS[req["prompt"]]) - 1) // PAGE * PAGE
-            device, local = min(device, cap), min(local, cap)
-            assert req["cached_tokens"] == local, req
-            details = req["cached_tokens_details"] or {"device": 0, "host": 0}
-            assert (details["device"], details["host"]) == (device, local - device), req
-            checked += 1
-        apply(index, REC.sub[start : phase.sub_through])
-        start = phase.sub_through
-    assert checked == 15
+    assert T.check_cached_tokens() == 15
 
 
 def test_replay_answers_decode_and_equal_the_live_stream() -> None:
