@@ -204,9 +204,11 @@ def test_chat_template_file_is_read_as_sglang_reads_it(tmp_path: Path) -> None:
     assert config_from_args(args).chat_template == str(file)
 
 
-def test_tokenizer_loads_offline(tmp_path: Path) -> None:
-    """HF_HUB_OFFLINE=1 and no network: the tokenizer directory is all the emulator reads; a
-    directory that does not exist fails at once instead of being looked up on the Hub."""
+@pytest.mark.parametrize("offline", ["1", None], ids=["HF_HUB_OFFLINE=1", "no-flag"])
+def test_tokenizer_loads_offline(tmp_path: Path, offline: str | None) -> None:
+    """No network (proxies to a closed port), with or without HF_HUB_OFFLINE: the tokenizer
+    directory is all the emulator reads; a directory that does not exist fails at once instead of
+    being looked up on the Hub."""
     code = (
         "from smetric_router.emulator.tokenizer import load_tokenizer\n"
         "tok = load_tokenizer()\n"
@@ -215,7 +217,10 @@ def test_tokenizer_loads_offline(tmp_path: Path) -> None:
         "try:\n    load_tokenizer('Qwen/Qwen3-Coder-30B-A3B-Instruct')\n"
         "except FileNotFoundError:\n    print('missing')\n"
     )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env["HF_HOME"] = str(tmp_path / "hf")
+    if offline is not None:
+        env["HF_HUB_OFFLINE"] = offline
     env.update(HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True)  # fmt: skip
