@@ -3,10 +3,12 @@
 For each history size the previous turn of one agent session was already extracted (warm caches)
 and served by worker 0, whose KvIndex entry holds that turn's prompt pages; the other workers
 hold the shared system prompt and another session each. Each timed follow-up appends a new
-assistant reply and a new tool result to that history (fresh content per iteration, re-parsed
-from JSON so no string hash is cached), then is routed: extract -> KvIndex.match over its page
-hashes for all workers -> ClusterView -> decide. JSON parsing is the HTTP layer's cost and is
-reported separately, not included.
+assistant tool call and a new tool result to that history (fresh content per iteration,
+re-parsed from JSON so no string hash is cached), then is routed: extract -> KvIndex.match over
+its page hashes for all workers -> ClusterView -> decide. JSON parsing is the HTTP layer's cost
+and is reported separately, not included. Extraction renders the whole chat with the model's
+chat template, as SGLang does (--template: the bundled ChatML one, or the tiny model's
+Qwen3-Coder-style one), and tokenizes and hashes only what follows the previous prompt.
 
     python -m benchmarks.feature_decision --out benchmarks/results/feature_decision.md
 """
@@ -27,9 +29,10 @@ import tokenizers
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.core.kv_events import GPU, BlockStored, KVEventBatch
 from smetric_router.core.types import ClusterView, Reason, WorkerView
-from smetric_router.features.chat import ChatCodec, load_codec
+from smetric_router.features.chat_tokenizer import ChatTokenizer, load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.features.hashing import page_hashes
+from smetric_router.features.sample_text import TextSampler
 from smetric_router.policies import make_policy
 
 PAGE_SIZE = 16
@@ -38,22 +41,75 @@ TURN_TOKENS = 1024  # one agent step of history: a tool call and its result
 SYSTEM_TOKENS = 256
 
 Message = dict[str, Any]
+TEMPLATES = {
+    "chatml": None,  # the bundled tokenizer's own template
+    "coder": str(Path(__file__).resolve().parents[1] / "smetric_router" / "assets" / "tiny_model"
+                 / "chat_template.jinja"),
+}  # fmt: skip
+TOOLS = [{"type": "function", "function": {
+    "name": "read", "description": "Read a file of the repository",
+    "parameters": {"type": "object", "properties": {
+        "path": {"type": "string", "description": "file path"},
+        "limit": {"type": "integer", "description": "lines to read"}}},
+}}]  # fmt: skip
 
 
-def history(codec: ChatCodec, tokens: int, seed: int) -> list[Message]:
+class Stopwatch:
+    """Time spent inside the chat tokenizer's template renders and tokenizer calls (the
+    instance's methods wrapped; a few hundred nanoseconds of overhead per call)."""
+
+    def __init__(self, chat: ChatTokenizer) -> None:
+        self.spent = {"render": 0.0, "tokenize": 0.0}
+        self._wrap(chat, "render", "render")
+        self._wrap(chat.tokenizer, "encode_chat", "tokenize")
+
+    def _wrap(self, obj: Any, method: str, phase: str) -> None:
+        inner = getattr(obj, method)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.spent[phase] += time.perf_counter() - t
+
+        setattr(obj, method, timed)
+
+    def take(self) -> dict[str, float]:
+        out = dict(self.spent)
+        self.spent = dict.fromkeys(self.spent, 0.0)
+        return out
+
+
+class Codec:
+    """The chat tokenizer under test and a sampler of exact-length text."""
+
+    def __init__(self, chat: ChatTokenizer) -> None:
+        self.chat = chat
+        self.sampler = TextSampler(chat.tokenizer.backend)
+        self.stopwatch = Stopwatch(chat)
+
+    def sample(self, n_tokens: int, seed: int) -> str:
+        return self.sampler.sample(n_tokens, seed)[0]
+
+    def encode(self, text: str) -> list[int]:
+        return self.chat.tokenizer.encode_chat(text)
+
+
+def history(codec: Codec, tokens: int, seed: int) -> list[Message]:
     """system + user + (assistant tool call, tool result)* rendering to about `tokens` tokens."""
     rng = random.Random(seed)
     messages: list[Message] = [
-        {"role": "system", "content": codec.sample_output(SYSTEM_TOKENS, 0)[0]},
-        {"role": "user", "content": codec.sample_output(64, seed)[0]},
+        {"role": "system", "content": codec.sample(SYSTEM_TOKENS, 0)},
+        {"role": "user", "content": codec.sample(64, seed)},
     ]
-    size = len(codec.render_messages(messages, add_generation_prompt=False))
+    sizer = FeatureExtractor(codec.chat, page_size=PAGE_SIZE, keep_text=False)
+    size = sizer.from_chat({"messages": messages, "tools": TOOLS}).prompt_len
     step = 0
     while size < tokens:
         result = min(TURN_TOKENS, max(16, tokens - size)) - 64
-        added = follow_up(codec, rng, f"{seed}-{step}", max(result, 16))
-        messages += added
-        size += len(codec.render_messages(added, add_generation_prompt=False))
+        messages += follow_up(codec, rng, f"{seed}-{step}", max(result, 16))
+        size = sizer.from_chat({"messages": messages, "tools": TOOLS}).prompt_len
         step += 1
     return messages
 
@@ -63,7 +119,7 @@ _PACKAGE = Path(__file__).resolve().parents[1] / "smetric_router"
 _SOURCE = "".join(f.read_text() for f in sorted(_PACKAGE.glob("**/*.py")))
 
 
-def source_result(codec: ChatCodec, rng: random.Random, n_tokens: int) -> str:
+def source_result(codec: Codec, rng: random.Random, n_tokens: int) -> str:
     """Whole lines of source from a random place, the first run of them reaching n_tokens."""
     lines = _SOURCE.splitlines(keepends=True)
     start = rng.randrange(len(lines))
@@ -76,7 +132,7 @@ def source_result(codec: ChatCodec, rng: random.Random, n_tokens: int) -> str:
 
 
 def follow_up(
-    codec: ChatCodec, rng: random.Random, tag: str, result_tokens: int, content: str = "words"
+    codec: Codec, rng: random.Random, tag: str, result_tokens: int, content: str = "words"
 ) -> list[Message]:
     args = orjson.dumps({"path": f"src/{tag}.py", "limit": rng.randint(1, 999)}).decode()
     call = {
@@ -87,7 +143,7 @@ def follow_up(
     if content == "source":
         result = source_result(codec, rng, result_tokens)
     else:
-        result = codec.sample_output(result_tokens, rng.getrandbits(32))[0]
+        result = codec.sample(result_tokens, rng.getrandbits(32))
     return [
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": f"call_{tag}", "content": result},
@@ -104,14 +160,17 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_size(
-    codec: ChatCodec, tokens: int, iterations: int, new_tokens: int, contents: list[str]
+    codec: Codec, tokens: int, iterations: int, new_tokens: int, contents: list[str]
 ) -> dict[str, dict[str, Any]]:
     """One history size; the kinds of content alternate, so a slow phase of a shared machine
     falls on all of them alike. Returns a result per kind of content."""
     rng = random.Random(tokens)
     prior = history(codec, tokens, seed=tokens)
-    prior_prompt = codec.render_messages(prior, add_generation_prompt=True)
-    system_pages = page_hashes(codec.render_messages(prior[:1], False), PAGE_SIZE)
+    chat = codec.chat
+    reference = FeatureExtractor(chat, page_size=PAGE_SIZE)
+    prior_prompt = reference.prompt_token_ids({"messages": prior, "tools": TOOLS})
+    system = chat.render([chat.message(prior[0], 0)], TOOLS, {}, False)
+    system_pages = page_hashes(chat.tokenizer.encode_chat(system), PAGE_SIZE)
 
     index = KvIndex()
     urls = [f"http://10.0.0.{i}:30000" for i in range(WORKERS)]
@@ -124,11 +183,13 @@ def run_size(
     loads[urls[0]] = 6.0  # busy but not overloaded: SMetric should stay sticky
     policy = make_policy("smetric")
     # as the router builds it for smetric, which does not read the text (policy.uses_text_tree)
-    extractor = FeatureExtractor(codec, page_size=PAGE_SIZE, keep_text=False)
+    extractor = FeatureExtractor(codec.chat, page_size=PAGE_SIZE, keep_text=False)
 
     cold_start = time.perf_counter()
-    extractor.from_chat({"messages": prior})  # the previous turn, which warms the caches
+    # the previous turn, which warms the caches
+    extractor.from_chat({"messages": prior, "tools": TOOLS})
     cold = time.perf_counter() - cold_start
+    stopwatch = codec.stopwatch
 
     bodies = [
         (
@@ -138,6 +199,7 @@ def run_size(
                     "model": "m",
                     "messages": prior
                     + follow_up(codec, rng, f"new{i}{content}", new_tokens, content),
+                    "tools": TOOLS,
                 }
             ),
         )
@@ -149,7 +211,7 @@ def run_size(
             "history": len(prior_prompt),
             "messages": len(prior) + 2,
             "cold_ms": cold * 1e3,
-            "phases": {k: [] for k in ("parse", "extract", "view", "decide", "tokenize")},
+            "phases": {k: [] for k in ("parse", "extract", "render", "tokenize", "view", "decide")},
             "total": [],
             "new_tokens": [],
         }
@@ -159,8 +221,10 @@ def run_size(
         t0 = time.perf_counter()
         body = orjson.loads(raw)
         t1 = time.perf_counter()
+        stopwatch.take()
         features = extractor.from_chat(body)
         t2 = time.perf_counter()
+        inside = stopwatch.take()
         hits = index.match(features.page_hashes, features.page_size)
         view = ClusterView(
             tuple(
@@ -173,15 +237,9 @@ def run_size(
         t4 = time.perf_counter()
         if (decision.worker, decision.reason) != (urls[0], Reason.STICKY.value):
             raise AssertionError(f"expected a sticky decision to worker 0, got {decision}")
-        # the share of extract that tokenizes the two new messages, timed apart afterwards
-        t5 = time.perf_counter()
-        for i, message in enumerate(body["messages"][-2:]):
-            codec.render_message(message, i)
-        t6 = time.perf_counter()
         r = out[content]
-        for name, dt in zip(
-            r["phases"], (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t6 - t5), strict=True
-        ):
+        phases = (t1 - t0, t2 - t1, inside["render"], inside["tokenize"], t3 - t2, t4 - t3)
+        for name, dt in zip(r["phases"], phases, strict=True):
             r["phases"][name].append(dt)
         r["total"].append(t4 - t1)
         r["pages"] = len(features.page_hashes)
@@ -214,29 +272,30 @@ def header(iterations: int) -> str:
             f"Policy smetric, {WORKERS} workers, page size {PAGE_SIZE}. The previous turn of the "
             "session was already extracted (warm caches) and worker 0 holds its pages; each of "
             f"{iterations} follow-ups per size and kind of content (the kinds alternate) "
-            "appends an assistant tool call and a new tool "
-            "result (fresh content, tokenized cold) and is re-parsed from JSON so nothing is "
-            "shared with the previous request. Times in microseconds, median / p90. `total` = "
-            "extract + view + decide; JSON parsing of the body (the HTTP layer's cost) is shown "
-            "for context and not included. Every decision is checked to be sticky to worker 0.",
+            "appends an assistant tool call and a new tool result (fresh content, tokenized "
+            "cold) and is re-parsed from JSON so nothing is shared with the previous request; "
+            "the body carries one tool definition. Times in microseconds, median / p90. "
+            "`total` = extract + view + decide; JSON parsing of the body (the HTTP layer's cost) "
+            "is shown for context and not included. Every decision is checked to be sticky to "
+            "worker 0.",
             "",
             "Regenerate: `python -m benchmarks.feature_decision --out "
-            "benchmarks/results/feature_decision.md`.",
+            "benchmarks/results/feature_decision.md` (`--template chatml` or `coder` for one).",
             "",
-            "Where the time goes. A follow-up is matched to the previous request by comparing its "
-            "message list with the cached one in C (exact; about 1 us per KB of history: the only "
-            "part that grows with history), then only the new messages are tokenized and hashed; "
-            "the page hashes are concatenated from per-message segments (8 bytes per page). "
-            "Tokenizing the new messages dominates, and its cost depends on the text: random "
-            "vocabulary words run together are BPE's slowest case (every word long and unseen), "
-            "source code far cheaper (compare the sections below); so the total scales with the "
-            "size and kind of what the turn appends, not with the history. KvIndex.match "
-            "binary-searches the prefix length for all 32 workers at "
-            "once (workers x log2(pages) lookups). Load average when this run started: "
-            f"{os.getloadavg()[0]:.2f} on 2 cores (other jobs show in the p90 column). `decide` "
-            "does the same work in every row, so it doubling between rows marks a slower phase "
-            "of the shared machine; the kinds of content alternate, so within a size they share "
-            "it.",
+            "Where the time goes. Extraction renders the chat whole with the model's chat "
+            "template, as SGLang does (templates may rewrite earlier turns, so nothing short of "
+            "rendering is exact), twice: the prompt, and the conversation through its last "
+            "assistant message (est_hit). The follow-up is matched to the previous request by "
+            "comparing message lists in C, and only the text after the last special token "
+            "before the first changed character is tokenized and hashed. `render` (both "
+            "renders) grows with the number of messages and with the template's work per "
+            "message; `tokenize` with the size and kind of the new text (random vocabulary "
+            "words run together are BPE's slowest input, source code far cheaper). KvIndex.match "
+            "binary-searches the prefix length for all 32 workers at once. Load average when this "
+            f"run started: {os.getloadavg()[0]:.2f} on 2 cores shared with other jobs (they show "
+            "in the p90 column). `decide` does the same work in every row, so it doubling "
+            "between rows marks a slower phase of the shared machine; the kinds of content "
+            "alternate, so within a size they share it.",
             "",
         ]
     )
@@ -246,22 +305,28 @@ CONTENT = {
     "words": "random vocabulary words run together (no spaces: the slowest input for BPE)",
     "source": "whole lines of this repository's Python source (what a coding agent reads)",
 }
+TEMPLATE_NOTES = {
+    "chatml": "the bundled tokenizer's ChatML template (the router's default)",
+    "coder": "the tiny model's Qwen3-Coder-style template (tool definitions in the system turn, "
+    "tool calls and responses in tags; a macro call and loop look-arounds per message)",
+}
 
 
-def report(results: list[dict[str, Any]], new_tokens: int, content: str) -> str:
+def report(results: list[dict[str, Any]], template: str, new_tokens: int, content: str) -> str:
     def us(values: list[float], q: float) -> str:
         return f"{percentile(values, q) * 1e6:.0f}"
 
     mean = sum(sum(r["new_tokens"]) / len(r["new_tokens"]) for r in results) / len(results)
     lines = [
-        f"## New tool result of {new_tokens} tokens: {content}",
+        f"## {template}: new tool result of {new_tokens} tokens, {content}",
         "",
-        f"Content: {CONTENT[content]}; {mean:.0f} tokens on average.",
+        f"Template: {TEMPLATE_NOTES[template]}. Content: {CONTENT[content]}; {mean:.0f} tokens "
+        "on average.",
         "",
-        "| history tokens | messages | pages | extract | of which: tokenize new messages "
-        "| view (KvIndex.match + view) | decide | **total** | json parse (not incl.) "
+        "| history tokens | messages | pages | **extract** | of which: render (x2) | tokenize "
+        "| view (KvIndex.match + view) | decide | total | json parse (not incl.) "
         "| cold first extract (ms) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         p = r["phases"]
@@ -269,11 +334,12 @@ def report(results: list[dict[str, Any]], new_tokens: int, content: str) -> str:
             f"{r['history']:,}",
             str(r["messages"]),
             f"{r['pages']:,}",
+            f"**{us(p['extract'], 0.5)} / {us(p['extract'], 0.9)}**",
             *(
                 f"{us(p[k], 0.5)} / {us(p[k], 0.9)}"
-                for k in ("extract", "tokenize", "view", "decide")
+                for k in ("render", "tokenize", "view", "decide")
             ),
-            f"**{us(r['total'], 0.5)} / {us(r['total'], 0.9)}**",
+            f"{us(r['total'], 0.5)} / {us(r['total'], 0.9)}",
             f"{us(p['parse'], 0.5)} / {us(p['parse'], 0.9)}",
             f"{r['cold_ms']:.0f}",
         ]
@@ -295,20 +361,30 @@ def main() -> None:
         default="words,source",
         help=f"what the new tool result holds, comma-separated: {', '.join(CONTENT)}",
     )
+    parser.add_argument(
+        "--template",
+        default="chatml,coder",
+        help=f"chat templates, comma-separated: {', '.join(TEMPLATES)}",
+    )
     parser.add_argument("--out", type=Path, help="write the markdown report here")
     args = parser.parse_args()
-    codec = load_codec()
     contents = args.content.split(",")
     for content in contents:
         if content not in CONTENT:
             parser.error(f"--content: unknown {content!r}, expected one of {', '.join(CONTENT)}")
     sections = []
-    for new_tokens in (int(n) for n in args.new_tokens.split(",")):
-        by_size = [
-            run_size(codec, int(s), args.iterations, new_tokens, contents)
-            for s in args.sizes.split(",")
-        ]
-        sections += [report([r[c] for r in by_size], new_tokens, c) for c in contents]
+    for template in args.template.split(","):
+        if template not in TEMPLATES:
+            parser.error(
+                f"--template: unknown {template!r}, expected one of {', '.join(TEMPLATES)}"
+            )
+        codec = Codec(load_chat_tokenizer(None, TEMPLATES[template]))
+        for new_tokens in (int(n) for n in args.new_tokens.split(",")):
+            by_size = [
+                run_size(codec, int(s), args.iterations, new_tokens, contents)
+                for s in args.sizes.split(",")
+            ]
+            sections += [report([r[c] for r in by_size], template, new_tokens, c) for c in contents]
     text = "\n".join([header(args.iterations), *sections])
     print(text)
     if args.out:

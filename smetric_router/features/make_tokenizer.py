@@ -19,8 +19,7 @@ VOCAB_SIZE = 8192
 SEED = 20240917
 N_DOCS = 6000
 
-# A ChatML template that renders the same text as ChatCodec.render_messages (the codec tokenizes
-# each piece separately; tokenizing this text whole can merge differently at piece boundaries).
+# The bundled tokenizer's chat template: ChatML, content parts rendered as their text.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' }}"

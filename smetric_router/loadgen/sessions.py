@@ -23,7 +23,8 @@ from typing import Any
 import orjson
 from openai import AsyncOpenAI
 
-from smetric_router.features.chat import ChatCodec, load_codec
+from smetric_router.features.chat_tokenizer import load_chat_tokenizer
+from smetric_router.features.extract import FeatureExtractor
 
 SYSTEM_PROMPT = (
     "You are a coding agent. You read files, run tools and edit code until the task is done. "
@@ -79,12 +80,12 @@ def _placed_on(headers: Any) -> str:
     return str(headers.get("x-smetric-prefill-worker") or headers.get("x-smetric-worker", ""))
 
 
-def history_tokens(codec: ChatCodec, messages: list[dict[str, Any]], page_size: int) -> int:
-    """Tokens before the newly appended turn, minus the newline after the last reply (never cached),
-    rounded down to a page: what a worker that served the previous turn must report as cached."""
-    last_reply = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    n = len(codec.render_messages(messages[: last_reply + 1], add_generation_prompt=False))
-    return max(0, n - 1) // page_size * page_size
+def history_tokens(features: FeatureExtractor, messages: list[dict[str, Any]]) -> int:
+    """The carried history, as the router counts it (est_hit: the prompt's tokens through the last
+    reply's end-of-turn token, rendered with the model's template), rounded down to a page: what
+    a worker that served the previous turn must report as cached."""
+    est_hit = features.from_chat({"messages": messages}).est_hit
+    return est_hit // features.page_size * features.page_size
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -108,7 +109,7 @@ def _words(rng: random.Random, n: int) -> str:
 
 
 async def run_session(
-    client: AsyncOpenAI, model: str, codec: ChatCodec, sid: int, turns: int, page_size: int,
+    client: AsyncOpenAI, model: str, features: FeatureExtractor, sid: int, turns: int,
     max_tokens: int, seed: int,
 ) -> list[TurnRecord]:  # fmt: skip
     rng = random.Random(seed * 1000 + sid)
@@ -127,7 +128,7 @@ async def run_session(
         usage = reply.usage
         details = usage.prompt_tokens_details if usage else None
         cached = (details.cached_tokens or 0) if details else 0
-        hist = history_tokens(codec, messages, page_size) if turn else 0
+        hist = history_tokens(features, messages) if turn else 0
         out.append(TurnRecord(sid, turn, _placed_on(raw.headers),
                               raw.headers.get("x-smetric-reason", ""), cached, hist))  # fmt: skip
         messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
@@ -137,9 +138,13 @@ async def run_session(
 
 async def run_sessions(
     url: str, sessions: int = 16, turns: int = 5, page_size: int = 16, max_tokens: int = 32,
-    model: str | None = None, seed: int = 0,
+    model: str | None = None, seed: int = 0, tokenizer_path: str | None = None,
+    chat_template: str | None = None,
 ) -> SessionReport:  # fmt: skip
-    codec = load_codec()
+    """tokenizer_path / chat_template: the workers' model, as the router's options of that name
+    (they only count the history_tokens of the report)."""
+    chat = load_chat_tokenizer(tokenizer_path, chat_template)
+    features = FeatureExtractor(chat, page_size=page_size, keep_text=False)
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as client:
         if model is None:
             models = (await client.models.list()).data
@@ -149,7 +154,7 @@ async def run_sessions(
                 )
             model = models[0].id
         results = await asyncio.gather(
-            *(run_session(client, model, codec, s, turns, page_size, max_tokens, seed)
+            *(run_session(client, model, features, s, turns, max_tokens, seed)
               for s in range(sessions))
         )  # fmt: skip
     return SessionReport([r for rs in results for r in rs])
@@ -164,9 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32, help="output tokens per turn")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--records", action="store_true", help="also print every request's record")
+    p.add_argument(
+        "--tokenizer-path", help="the workers' model directory (as the router's; default: bundled)"
+    )
+    p.add_argument("--chat-template", help="the workers' --chat-template .jinja file, if any")
     a = p.parse_args(argv)
     report = asyncio.run(run_sessions(a.url, a.sessions, a.turns, a.page_size, a.max_tokens,
-                                      seed=a.seed))  # fmt: skip
+                                      seed=a.seed, tokenizer_path=a.tokenizer_path,
+                                      chat_template=a.chat_template))  # fmt: skip
     doc: dict[str, Any] = report.summary()
     if a.records:
         doc["records"] = [asdict(r) for r in report.records]

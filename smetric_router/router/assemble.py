@@ -5,7 +5,7 @@ from __future__ import annotations
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.subscriber import KvEventHub
 from smetric_router.cluster.text_tree import TextTree
-from smetric_router.features.chat import load_codec
+from smetric_router.features.chat_tokenizer import load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.policies import make_policy
 from smetric_router.router.app import RouterState
@@ -13,11 +13,12 @@ from smetric_router.router.config import RouterConfig
 
 
 def make_state(config: RouterConfig) -> RouterState:
-    codec = load_codec(config.tokenizer_path)  # fails fast on a bad --tokenizer-path
+    # fails fast on a bad --tokenizer-path or --chat-template
+    chat = load_chat_tokenizer(config.tokenizer_path, config.chat_template)
     keep_text = make_policy(config.prefill_policy_name, config.policy_params).uses_text_tree
 
     def features_for(page_size: int) -> FeatureExtractor:
-        return FeatureExtractor(codec, page_size=page_size, keep_text=keep_text)
+        return FeatureExtractor(chat, page_size=page_size, keep_text=keep_text)
 
     # Probe mode asks the workers per request, so it needs neither the index nor its feeds.
     index = KvIndex() if config.cache_view == "events" else None

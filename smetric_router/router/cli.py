@@ -177,8 +177,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tokenizer-path",
         default=None,
-        help="directory with a HF tokenizer.json (+ tokenizer_config.json) matching the "
-        "workers' model; default: the tokenizer shipped with smetric-router",
+        help="the workers' model directory, or one with its HF tokenizer.json "
+        "(+ tokenizer_config.json): chats are rendered with its chat template (chat_template.jinja "
+        "or tokenizer_config.json) and tokenized with its tokenizer, as SGLang does; default: the "
+        "tokenizer and ChatML template shipped with smetric-router",
+    )
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="PATH",
+        help="a Jinja chat template (.jinja) to render chats with instead of the model's, for "
+        "workers started with SGLang's --chat-template PATH",
     )
     p.add_argument(
         "--page-size",
@@ -283,6 +292,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             log_level=a.log_level,
             request_timeout_secs=a.request_timeout_secs,
             tokenizer_path=a.tokenizer_path,
+            chat_template=a.chat_template,
             page_size=a.page_size,
             load_poll_interval_secs=a.load_poll_interval_secs,
             health_check_interval_secs=a.health_check_interval_secs,

@@ -22,6 +22,7 @@ class RouterConfig:
     log_level: str = "info"
     request_timeout_secs: float = 1800.0
     tokenizer_path: str | None = None  # None: the committed tokenizer
+    chat_template: str | None = None  # a .jinja file; None: the tokenizer directory's template
     page_size: int | None = None  # None: read from the workers' /server_info
     load_poll_interval_secs: float = 1.0
     health_check_interval_secs: float = 5.0

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestServer
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.subscriber import FeedConfig, KvEventHub
-from smetric_router.features.chat import load_codec
+from smetric_router.features.chat_tokenizer import load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.router.app import RUNNER_OPTIONS, RouterState, build_app
 from smetric_router.router.config import RouterConfig
@@ -51,10 +51,10 @@ async def test_decode_errors_reach_the_routers_metrics() -> None:
     events = await RecordedWorker(REC).start()
     worker = await EventsWorker(events).start()
     hub = KvEventHub(KvIndex(), config=FeedConfig(replay_timeout_s=0.5, retry_max_s=0.2))
-    codec = load_codec()
+    chat = load_chat_tokenizer()
     state = RouterState(
         replace(BASE, worker_urls=(worker.url,)),
-        features_for=lambda page: FeatureExtractor(codec, page_size=page),
+        features_for=lambda page: FeatureExtractor(chat, page_size=page),
         hits=hub.index,
         text_tree=None,
         kv_feeds=hub,

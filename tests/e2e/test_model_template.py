@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from smetric_router.launch.tiny_model import ensure_tiny_model
@@ -56,11 +55,6 @@ async def _session(http: aiohttp.ClientSession, url: str, model: str, s: int) ->
     return follow_ups
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9: the router renders piecewise ChatML, the workers (as SGLang) the model's "
-    "template, so the router's page hashes miss what the workers cache",
-)
 async def test_agent_follow_ups_stick_with_the_model_template(tmp_path: Path) -> None:
     model_dir = str(ensure_tiny_model(tmp_path / "tiny-qwen3"))
     spec = ClusterSpec(

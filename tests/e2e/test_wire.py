@@ -12,7 +12,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from smetric_router.features.chat import load_codec
+from smetric_router.features.chat_tokenizer import load_chat_tokenizer
+from smetric_router.features.extract import FeatureExtractor
 from tests.e2e.conftest import StackFactory
 
 
@@ -57,8 +58,8 @@ async def test_independent_subscriber_sees_sglang_page_hashes(make_stack: StackF
             await sub.recv_multipart()
 
         content = "independent subscriber check " * 40
-        prompt = load_codec().render_messages(
-            [{"role": "user", "content": content}], add_generation_prompt=True
+        prompt = FeatureExtractor(load_chat_tokenizer()).prompt_token_ids(
+            {"messages": [{"role": "user", "content": content}]}
         )
         expected = sglang_page_hashes(prompt, page_size)
         assert len(expected) >= 4

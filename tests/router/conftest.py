@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
-from smetric_router.features.chat import load_codec
+from smetric_router.features.chat_tokenizer import load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.router.app import RUNNER_OPTIONS, RouterState, build_app
 from smetric_router.router.config import RouterConfig
@@ -35,7 +35,7 @@ MakeWorker = Callable[..., Awaitable[FakeWorker]]
 
 @pytest.fixture(scope="session")
 def codec() -> Any:
-    return load_codec()
+    return load_chat_tokenizer()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from smetric_router.features.chat import load_codec
+from smetric_router.features.chat_tokenizer import load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.router.app import RUNNER_OPTIONS, RouterState, build_app
 from smetric_router.router.assemble import make_state
@@ -48,8 +48,8 @@ async def stack(
         )
         state = make_state(config)
         if counting:
-            codec = load_codec()
-            state.features_for = lambda page: CountingExtractor(codec, page_size=page)
+            chat = load_chat_tokenizer()
+            state.features_for = lambda page: CountingExtractor(chat, page_size=page)
         server = TestServer(build_app(state), host="127.0.0.1", **RUNNER_OPTIONS)
         await server.start_server()
         s.push_async_callback(server.close)

@@ -1,0 +1,201 @@
+"""Chat requests rendered and tokenized exactly as SGLang does it (chat_tokenizer), fast for the
+follow-ups of a conversation.
+
+Each request is rendered whole with the model's template (templates may rewrite earlier turns,
+so nothing short of rendering is exact), then tokenized and hashed only from the last cut point
+before the first character that differs from an earlier rendered prompt (rendered.render_from).
+The earlier prompt is found from the messages: a follow-up repeats an earlier request's message
+list and appends a few messages, which is confirmed by comparing the lists in C, and the
+template-ready form of those known messages is reused. A first turn starts from the last prompt
+that began with the same first message (a shared system prompt and tools).
+
+History (est_hit): the conversation through its last assistant message, as the template renders
+it when that message is the last one and no generation prompt follows; counted as the ids of
+the prompt up to the last cut point (the end of an added token such as <|im_end|>) within the
+text the two renderings share. That is a prefix of the prompt by construction, even for
+templates that render a final assistant turn differently (Qwen3 keeps its reasoning until a
+user turn follows); for ChatML-style templates it ends at that message's <|im_end|>.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from smetric_router.features import bodies
+from smetric_router.features.chat_tokenizer import ChatTokenizer
+from smetric_router.features.hashing import as_u32, page_hashes
+from smetric_router.features.rendered import Rendered, common_prefix, render_from, truncated
+from smetric_router.features.sglang_chat import (
+    Message,
+    final_turn,
+    hosts_tools,
+    request_tools,
+    template_kwargs,
+    tool_result_order,
+)
+
+_PEEK = 32  # characters from each end of a message that go into its cache key
+_APPENDED = 8  # a follow-up is looked up as an earlier request plus up to this many messages
+_STARTS = 64  # first-message entries kept for first turns
+_START_CHARS = 1 << 16  # of which the rendered beginning is kept
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    ids: array[int]  # uint32 token ids of the prompt
+    hashes: array[int]  # signed int64 block hashes of its full pages
+    text: str  # the rendered prompt (without a continued final assistant message)
+    turns: int  # assistant messages in the request
+    history: int  # est_hit: leading ids of the conversation through the last assistant message
+
+
+@dataclass(frozen=True, slots=True)
+class _Tip:
+    messages: list[Any]  # the request's messages (compared with later requests; never mutated)
+    ready: list[Message]  # their template-ready form
+    rendered: Rendered
+    turns: int  # assistant messages among them
+    last: int  # index of the last one, -1 for none
+    hosted: bool  # whether one of them carries tools of its own
+
+
+class _Tips:
+    """Earlier requests by (message count, last message fingerprint), least recently used
+    dropped first, bounded in entries and in bytes (a rendered prompt shared by several entries
+    counts once per entry)."""
+
+    def __init__(self, entries: int, max_bytes: int) -> None:
+        self._data: OrderedDict[tuple[int, int], _Tip] = OrderedDict()
+        self._entries = entries
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    def get(self, key: tuple[int, int]) -> _Tip | None:
+        tip = self._data.get(key)
+        if tip is not None:
+            self._data.move_to_end(key)
+        return tip
+
+    def put(self, key: tuple[int, int], tip: _Tip) -> None:
+        old = self._data.pop(key, None)
+        if old is not None:
+            self._bytes -= old.rendered.size
+        self._data[key] = tip
+        self._bytes += tip.rendered.size
+        while len(self._data) > 1 and (
+            len(self._data) > self._entries or self._bytes > self._max_bytes
+        ):
+            _, dropped = self._data.popitem(last=False)
+            self._bytes -= dropped.rendered.size
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+
+def _peek(message: object) -> int:
+    """A cheap fingerprint of a raw message (bounded work; equality is checked separately)."""
+    if type(message) is not dict:
+        return 0
+    content = message.get("content")
+    if type(content) is str:
+        return hash((message.get("role"), len(content), content[:_PEEK], content[-_PEEK:]))
+    return hash((message.get("role"), len(message), type(content).__name__))
+
+
+class ChatPrompts:
+    """Not thread-safe (one per event loop). Message objects of a request are kept for
+    comparison with later ones: do not mutate them."""
+
+    def __init__(
+        self, chat: ChatTokenizer, page_size: int, cache_entries: int, cache_bytes: int
+    ) -> None:
+        self.chat = chat
+        self.page_size = page_size
+        self._tips = _Tips(cache_entries, cache_bytes)
+        self._starts: OrderedDict[int, Rendered] = OrderedDict()
+
+    def prompt(self, body: Mapping[str, Any]) -> ChatPrompt:
+        messages = bodies.messages(body)
+        n = len(messages)
+        known, tip = self._known(messages)
+        ready = tip.ready[:known] if tip is not None else []
+        chat = self.chat
+        ready += [chat.message(m, i) for i, m in enumerate(messages[known:], start=known)]
+        order = tool_result_order(messages) if chat.traits.pairs_tool_results_by_id else None
+        rendered_messages = [ready[i] for i in order] if order is not None else ready
+        final, continued = final_turn(rendered_messages, bool(body.get("continue_final_message")))
+        hosted = tip.hosted if tip is not None else False
+        hosted = hosted or any(hosts_tools(m) for m in ready[known:])
+        tools = request_tools(body, hosted)
+        kwargs = template_kwargs(body)
+        text = chat.render(final, tools, kwargs, True)
+        base = tip.rendered if tip is not None else self._starts.get(_peek(messages[0]))
+        rendered, shared = render_from(chat.tokenizer, text, self.page_size, base)
+        shares_base = base is not None and shared == len(base.text)
+
+        turns, last = (tip.turns, tip.last) if tip is not None else (0, -1)
+        for i in range(known, n):
+            if ready[i]["role"] == "assistant":
+                turns, last = turns + 1, i
+        history = 0
+        if last >= 0:
+            try:
+                shown = chat.render(rendered_messages[: last + 1], tools, kwargs, False)
+            except ValueError:  # a template that refuses to end on an assistant turn
+                shown = ""
+            history = rendered.tokens_through(common_prefix(shown, text))
+
+        new = _Tip(messages, ready, rendered, turns, last, hosted)
+        self._remember(messages, known, tip, new, shares_base)
+        if continued is None:
+            return ChatPrompt(rendered.ids, rendered.hashes, text, turns, history)
+        ids = array(rendered.ids.typecode, rendered.ids)
+        ids.extend(as_u32(self._continuation(continued)))
+        hashes = array("q", page_hashes(ids, self.page_size))
+        return ChatPrompt(ids, hashes, text, turns, history)
+
+    def _continuation(self, text: str) -> list[int]:
+        """SGLang appends a continued final assistant message as its own encoding, less a BOS."""
+        ids = self.chat.tokenizer.encode_text(text)
+        if ids and ids[0] == self.chat.tokenizer.bos_id:
+            ids = ids[1:]
+        return ids
+
+    def _known(self, messages: list[Any]) -> tuple[int, _Tip | None]:
+        """The longest earlier request that this one extends, confirmed by comparing the
+        message lists in C: no per-message Python work and no hashing over the history."""
+        n = len(messages)
+        for k in range(n, max(0, n - _APPENDED), -1):
+            tip = self._tips.get((k, _peek(messages[k - 1])))
+            if tip is not None and tip.messages == messages[:k]:
+                return k, tip
+        return 0, None
+
+    def _remember(
+        self, messages: list[Any], known: int, tip: _Tip | None, new: _Tip, shares_base: bool
+    ) -> None:
+        n = len(messages)
+        rendered = new.rendered
+        if tip is not None and tip.rendered is not rendered and shares_base:
+            # the earlier prompt is a prefix of this one: its entry can share this one's ids
+            # (a retry of it then tokenizes only its generation prompt)
+            self._tips.put((known, _peek(messages[known - 1])), replace(tip, rendered=rendered))
+        if tip is None or known < n or tip.rendered is not rendered:
+            # the known messages are kept as the earlier request's objects, so entries of one
+            # conversation share its message objects
+            kept = (tip.messages if tip is not None else []) + messages[known:]
+            self._tips.put((n, _peek(messages[-1])), replace(new, messages=kept))
+        if tip is None:
+            first = _peek(messages[0])
+            self._starts[first] = truncated(rendered, _START_CHARS)
+            self._starts.move_to_end(first)
+            if len(self._starts) > _STARTS:
+                self._starts.popitem(last=False)

@@ -1,0 +1,52 @@
+"""The Jinja environment is set up as transformers 5.19 sets up its own."""
+
+from __future__ import annotations
+
+import datetime
+
+import jinja2
+import pytest
+from jinja2.exceptions import SecurityError
+
+from smetric_router.features.jinja_env import compile_template, make_environment
+
+
+def render(source: str, **variables: object) -> str:
+    return make_environment().from_string(source).render(**variables)
+
+
+def test_tojson_is_plain_json_dumps() -> None:
+    value = {"b": "<é>&'", "a": [1, 2.5, None, True]}
+    assert render("{{ v | tojson }}", v=value) == '{"b": "<é>&\'", "a": [1, 2.5, null, true]}'
+    assert render("{{ v | tojson(ensure_ascii=True) }}", v="é") == '"\\u00e9"'
+    assert render("{{ v | tojson(indent=2) }}", v=[1]) == "[\n  1\n]"
+    assert render("{{ v | tojson(sort_keys=True, separators=(',', ':')) }}", v=value) == (
+        '{"a":[1,2.5,null,true],"b":"<é>&\'"}'
+    )
+
+
+def test_globals() -> None:
+    with pytest.raises(jinja2.TemplateError, match="no system"):
+        render("{{ raise_exception('no system') }}")
+    assert render("{{ strftime_now('%Y') }}") == str(datetime.datetime.now().year)
+
+
+def test_blocks_are_trimmed_and_loops_controlled() -> None:
+    source = "  {% for x in xs %}\n{% if x > 2 %}{% break %}{% endif %}{{ x }}\n  {% endfor %}\n"
+    assert render(source, xs=[1, 2, 3]) == "1\n2\n"
+
+
+def test_generation_block_renders_its_body() -> None:
+    assert render("a{% generation %}{{ x }}b{% endgeneration %}c", x="-") == "a-bc"
+
+
+def test_sandbox_keeps_the_messages_immutable() -> None:
+    with pytest.raises(SecurityError):
+        render("{{ messages.append(1) }}", messages=[])
+    with pytest.raises(SecurityError):
+        render("{{ m.update({'a': 1}) }}", m={})
+    assert render("{% for k, v in m | items %}{{ k }}={{ v }}{% endfor %}", m={"a": 1}) == "a=1"
+
+
+def test_templates_are_compiled_once() -> None:
+    assert compile_template("{{ 1 }}") is compile_template("{{ 1 }}")
