@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from smetric_router.launch import ClusterSpec, RouterSpec, SglangSpec, Stack, WorkerSpec, free_port
+from smetric_router.launch import ClusterSpec, RouterSpec, SglangSpec, Stack, WorkerSpec
 from smetric_router.launch.kinds.sglang import TINY_MODEL_NAME
 from tests.sglang_env import require_sglang_python
 
@@ -36,7 +36,7 @@ def sglang_spec(
     **sglang: Any,
 ) -> ClusterSpec:  # fmt: skip
     return ClusterSpec(
-        router=RouterSpec(port=free_port(), policy=policy, extra_args=router_args),
+        router=RouterSpec(port=0, policy=policy, extra_args=router_args),
         workers=WorkerSpec(kind="sglang", count=workers, page_size=16),
         sglang=SglangSpec(max_total_tokens=MAX_TOTAL_TOKENS, **sglang),
     )

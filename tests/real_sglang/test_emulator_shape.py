@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec, free_port
+from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from tests.real_sglang.conftest import get_json, require_sglang_env, sglang_spec
 from tests.real_sglang.shape_probes import PROBES, KvTap, capture
 from tests.real_sglang.shapes import Allowed, differences, unused
@@ -91,7 +91,7 @@ def comparable(tree: dict[str, Any]) -> dict[str, Any]:
 
 def _emulated_stack() -> Stack:
     spec = ClusterSpec(
-        router=RouterSpec(port=free_port()),
+        router=RouterSpec(port=0),
         workers=WorkerSpec(kind="emulated", count=1, page_size=16, speedup=20.0),
     )
     return Stack(spec)

@@ -32,7 +32,6 @@ from smetric_router.launch import (
     SglangSpec,
     Stack,
     WorkerSpec,
-    free_port,
 )
 from tests.real_sglang.conftest import (
     MAX_TOTAL_TOKENS,
@@ -52,7 +51,7 @@ PD_ROUTER_ARGS = (*ROUTER_ARGS, "--health-check-interval-secs", "1")
 
 def pd_spec() -> ClusterSpec:
     return ClusterSpec(
-        router=RouterSpec(port=free_port(), extra_args=PD_ROUTER_ARGS),
+        router=RouterSpec(port=0, extra_args=PD_ROUTER_ARGS),
         workers=WorkerSpec(kind="sglang", page_size=PAGE),
         pd=PdSpec(prefill=1, decode=1),
         sglang=SglangSpec(max_total_tokens=MAX_TOTAL_TOKENS),
