@@ -23,8 +23,10 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from smetric_router.features.chat_tokenizer import load_chat_tokenizer
+from smetric_router.features.extract import FeatureExtractor
 from smetric_router.launch import Stack, free_port
-from smetric_router.launch.kinds.sglang import model_path, sglang_python
+from smetric_router.launch.kinds.sglang import model_path, sglang_python, tokenizer_path
 from smetric_router.launch.spec import SglangSpec
 from tests.real_sglang.conftest import MODEL, flush, get_json, post_json
 
@@ -171,14 +173,15 @@ async def test_agent_requests_with_tools_are_served(sglang_stack: Stack) -> None
                              "content": f"\n    FAILED tests/test_{turn}.py::test_x"})  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9: the router renders chats as piecewise ChatML, "
-    "not with the model's template, so agent-shaped follow-ups miss their cache",
-)
 async def test_agent_sessions_with_tools_stick(sglang_stack: Stack) -> None:
+    """Agent-shaped requests (tools in the system turn, tool calls, tool results starting with a
+    newline and indentation): the router's prompt ids are the worker's own (SGLang returns them
+    with return_prompt_token_ids), every follow-up sticks, and for those ids the router's
+    KV-event index says what each worker's radix tree says."""
     flush(sglang_stack)
-    reasons = []
+    chat = load_chat_tokenizer(tokenizer_path(sglang_stack.spec.sglang))
+    features = FeatureExtractor(chat, page_size=PAGE)
+    reasons, last_ids = [], []
     async with AsyncOpenAI(base_url=f"{sglang_stack.url}/v1", api_key="none",
                            max_retries=0) as client:  # fmt: skip
         for sid in range(4):
@@ -188,9 +191,14 @@ async def test_agent_sessions_with_tools_stick(sglang_stack: Stack) -> None:
             ]
             for turn in range(3):
                 raw = await client.chat.completions.with_raw_response.create(
-                    model=MODEL, messages=messages, tools=TOOLS, max_tokens=8
-                )
+                    model=MODEL, messages=messages, tools=TOOLS, max_tokens=8,
+                    extra_body={"return_prompt_token_ids": True},
+                )  # fmt: skip
                 reasons.append(raw.headers["x-smetric-reason"])
+                worker_ids = raw.http_response.json()["choices"][0]["prompt_token_ids"]
+                body = {"model": MODEL, "messages": messages, "tools": TOOLS}
+                assert features.prompt_token_ids(body) == worker_ids, (sid, turn)
+                last_ids = worker_ids
                 call = {
                     "id": f"c{turn}",
                     "type": "function",
@@ -200,6 +208,11 @@ async def test_agent_sessions_with_tools_stick(sglang_stack: Stack) -> None:
                 messages.append({"role": "tool", "tool_call_id": f"c{turn}",
                                  "content": f"\n  {turn} failed"})  # fmt: skip
     assert reasons.count("sticky") == 8, reasons
+    views = eventually(
+        _views_agree(sglang_stack, [last_ids]), "index == probe for the last request's ids"
+    )
+    # the last request's worker holds its whole prompt (page-aligned) on the device tier
+    assert max(v[0][0] for v in views.values()) == len(last_ids) // PAGE * PAGE, views
 
 
 # --- the router's KV-event index against the workers' own probe --------------------------------
