@@ -46,11 +46,21 @@ _START_CHARS = 1 << 16  # of which the rendered beginning is kept
 
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
-    ids: array[int]  # uint32 token ids of the prompt
-    hashes: array[int]  # signed int64 block hashes of its full pages
-    text: str  # the rendered prompt (without a continued final assistant message)
+    rendered: Rendered  # the rendered prompt (without a continued final assistant message)
+    appended: array[int]  # ids of a continued final assistant message
+    hashes: array[int]  # signed int64 block hashes of the prompt's full pages
+    text: str  # the rendered prompt's text
     turns: int  # assistant messages in the request
     history: int  # est_hit: leading ids of the conversation through the last assistant message
+
+    @property
+    def n_ids(self) -> int:
+        return self.rendered.n_ids + len(self.appended)
+
+    def token_ids(self) -> list[int]:
+        ids = self.rendered.token_ids()
+        ids.extend(self.appended)
+        return ids.tolist()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +75,12 @@ class _Tip:
 
 class _Tips:
     """Earlier requests by (message count, last message fingerprint), least recently used
-    dropped first, bounded in entries and in bytes (a rendered prompt shared by several entries
-    counts once per entry)."""
+    dropped first, bounded in entries and in bytes: each distinct rendered prompt the entries
+    hold counts once with its whole chain (chains shared by several prompts count for each)."""
 
     def __init__(self, entries: int, max_bytes: int) -> None:
         self._data: OrderedDict[tuple[int, int], _Tip] = OrderedDict()
+        self._held: dict[int, int] = {}  # id(rendered) -> entries holding it
         self._entries = entries
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -83,14 +94,27 @@ class _Tips:
     def put(self, key: tuple[int, int], tip: _Tip) -> None:
         old = self._data.pop(key, None)
         if old is not None:
-            self._bytes -= old.rendered.size
+            self._release(old)
         self._data[key] = tip
-        self._bytes += tip.rendered.size
+        held = id(tip.rendered)
+        count = self._held.get(held, 0)
+        if not count:
+            self._bytes += tip.rendered.total
+        self._held[held] = count + 1
         while len(self._data) > 1 and (
             len(self._data) > self._entries or self._bytes > self._max_bytes
         ):
             _, dropped = self._data.popitem(last=False)
-            self._bytes -= dropped.rendered.size
+            self._release(dropped)
+
+    def _release(self, tip: _Tip) -> None:
+        held = id(tip.rendered)
+        count = self._held[held] - 1
+        if count:
+            self._held[held] = count
+        else:
+            del self._held[held]
+            self._bytes -= tip.rendered.total
 
     def __len__(self) -> int:
         return len(self._data)
@@ -139,7 +163,7 @@ class ChatPrompts:
         text = chat.render(final, tools, kwargs, True)
         base = tip.rendered if tip is not None else self._starts.get(_peek(messages[0]))
         rendered, shared = render_from(chat.tokenizer, text, self.page_size, base)
-        shares_base = base is not None and shared == len(base.text)
+        shares_base = base is not None and shared == base.length
 
         turns, last = (tip.turns, tip.last) if tip is not None else (0, -1)
         for i in range(known, n):
@@ -156,11 +180,12 @@ class ChatPrompts:
         new = _Tip(messages, ready, rendered, turns, last, hosted)
         self._remember(messages, known, tip, new, shares_base)
         if continued is None:
-            return ChatPrompt(rendered.ids, rendered.hashes, text, turns, history)
-        ids = array(rendered.ids.typecode, rendered.ids)
-        ids.extend(as_u32(self._continuation(continued)))
+            return ChatPrompt(rendered, as_u32(()), rendered.page_hashes(), text, turns, history)
+        appended = as_u32(self._continuation(continued))
+        ids = rendered.token_ids()
+        ids.extend(appended)
         hashes = array("q", page_hashes(ids, self.page_size))
-        return ChatPrompt(ids, hashes, text, turns, history)
+        return ChatPrompt(rendered, appended, hashes, text, turns, history)
 
     def _continuation(self, text: str) -> list[int]:
         """SGLang appends a continued final assistant message as its own encoding, less a BOS."""

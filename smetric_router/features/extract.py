@@ -58,7 +58,7 @@ class FeatureExtractor:
         the last assistant message (what the worker that produced it cached), 0 on turn 0."""
         prompt = self._chats.prompt(body)
         return RequestFeatures(
-            prompt_len=len(prompt.ids),
+            prompt_len=prompt.n_ids,
             page_hashes=prompt.hashes,
             page_size=self.page_size,
             turn=prompt.turns,
@@ -110,7 +110,7 @@ class FeatureExtractor:
     def prompt_token_ids(self, body: Mapping[str, Any]) -> list[int]:
         """The prompt's token ids for any of the three body kinds, told apart by their fields."""
         if "messages" in body:
-            return list(self._chats.prompt(body).ids)
+            return self._chats.prompt(body).token_ids()
         if "prompt" in body:
             text, ids = bodies.completion_prompt(body)
         else:

@@ -7,6 +7,11 @@
 - a `tojson` filter that is plain json.dumps (no HTML escaping; ensure_ascii=False by default,
   indent / separators / sort_keys passed through);
 - globals `raise_exception(message)` (a TemplateError) and `strftime_now(format)` (local time).
+
+Two shortcuts give the sandbox's own answers faster (rendering is per request, so it counts):
+its verdict on an attribute depends only on the object's type and the attribute's name, so it is
+kept per (type, name); and `message.role` on a plain dict, which the sandbox answers by failing
+getattr and then indexing, indexes directly when the name is not a dict attribute.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import functools
 import json
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import jinja2
 import jinja2.ext
@@ -58,8 +63,34 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """transformers' ImmutableSandboxedEnvironment, answering the same, faster."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._verdicts: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._verdicts[key] = bool(super().is_safe_attribute(obj, attr, value))
+        return verdict
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
+        return cast(Any, super().getattr(obj, attribute))
+
+
 def make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _Sandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[GenerationBlock, jinja2.ext.loopcontrols],

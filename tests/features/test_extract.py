@@ -14,10 +14,12 @@ from typing import Any
 import orjson
 import pytest
 
+from smetric_router.features.chat_prompt import _peek
 from smetric_router.features.chat_tokenizer import ChatTokenizer, load_chat_tokenizer
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import FeatureExtractor, strip_hint
 from smetric_router.features.hashing import page_hashes
+from smetric_router.features.rendered import MAX_DEPTH
 from smetric_router.features.sample_text import TextSampler
 
 Message = dict[str, Any]
@@ -346,3 +348,33 @@ def test_errors(
             extractor.from_completion(body, headers)
         else:
             extractor.from_generate(body, headers)
+
+
+def test_long_conversations_flatten_their_chains(chat: ChatTokenizer) -> None:
+    """Each follow-up's prompt is stored as what it adds to the previous one; chains longer than
+    MAX_DEPTH are flattened, and every prompt stays exact."""
+    extractor = FeatureExtractor(chat, page_size=8)
+    messages: list[Message] = [{"role": "user", "content": "start"}]
+    depths = []
+    for turn in range(MAX_DEPTH + 10):
+        body = {"messages": list(messages)}
+        f = extractor.from_chat(body)
+        want = cold_ids(chat, body)
+        assert list(f.page_hashes) == page_hashes(want, 8), turn
+        assert extractor.prompt_token_ids(body) == want
+        tip = extractor._chats._tips.get((len(messages), _peek(messages[-1])))
+        assert tip is not None
+        depths.append(tip.rendered.depth)
+        messages += [{"role": "assistant", "content": f"  answer {turn}\n"},
+                     {"role": "user", "content": f"\n question {turn}"}]  # fmt: skip
+    assert max(depths) == MAX_DEPTH and depths[-1] < MAX_DEPTH
+
+
+def test_a_first_turn_starts_from_a_short_flat_beginning(chat: ChatTokenizer) -> None:
+    extractor = FeatureExtractor(chat, page_size=16)
+    system = {"role": "system", "content": "rules " * 30_000}
+    extractor.from_chat({"messages": [system, {"role": "user", "content": "one"}]})
+    (start,) = extractor._chats._starts.values()
+    assert start.parent is None and len(start.tail) <= 1 << 16
+    body = {"messages": [system, {"role": "user", "content": "two"}]}
+    assert extractor.prompt_token_ids(body) == cold_ids(chat, body)

@@ -7,6 +7,7 @@ import datetime
 import jinja2
 import pytest
 from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from smetric_router.features.jinja_env import compile_template, make_environment
 
@@ -50,3 +51,22 @@ def test_sandbox_keeps_the_messages_immutable() -> None:
 
 def test_templates_are_compiled_once() -> None:
     assert compile_template("{{ 1 }}") is compile_template("{{ 1 }}")
+
+
+def test_the_faster_sandbox_answers_as_jinjas_own() -> None:
+    mine = make_environment()
+    theirs = ImmutableSandboxedEnvironment()
+    objects: list[object] = [{"role": "user", "items": 1}, [], "s", 3, {"a"}, make_environment]
+    names = ["role", "items", "missing", "update", "append", "pop", "format", "__class__",
+             "_private", "mro", "__globals__", "func_code", "upper", "add", "keys"]  # fmt: skip
+    for obj in objects:
+        for name in names:
+            a, b = mine.getattr(obj, name), theirs.getattr(obj, name)
+            assert type(a) is type(b), (obj, name, a, b)
+            if not isinstance(a, jinja2.Undefined):
+                assert a == b or callable(a), (obj, name)
+            value = getattr(obj, name, None)
+            for _ in range(2):  # the verdict is kept after the first time
+                assert mine.is_safe_attribute(obj, name, value) == theirs.is_safe_attribute(
+                    obj, name, value
+                )
