@@ -8,23 +8,29 @@
   indent / separators / sort_keys passed through);
 - globals `raise_exception(message)` (a TemplateError) and `strftime_now(format)` (local time).
 
-Two shortcuts give the sandbox's own answers faster (rendering is per request, so it counts):
-its verdict on an attribute depends only on the object's type and the attribute's name, so it is
-kept per (type, name); and `message.role` on a plain dict, which the sandbox answers by failing
-getattr and then indexing, indexes directly when the name is not a dict attribute.
+Shortcuts give the sandbox's own answers faster (rendering is per request, so it counts): its
+verdict on an attribute depends only on the object's type and the attribute's name, so it is
+kept per (type, name); `message.role` on a plain dict, which the sandbox answers by failing
+getattr and then indexing, indexes directly when the name is not a dict attribute, and
+`message['tool_calls']` missing from one is undefined without trying getattr; str.format
+wrapping is asked only about methods; a macro is called as Context.call and Macro.__call__
+would, skipping their argument handling when there is none to do (Jinja 3.1.6; tested against
+Jinja's own sandbox).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import types
 from datetime import datetime
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
+from jinja2.runtime import Context, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
@@ -80,13 +86,58 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             verdict = self._verdicts[key] = bool(super().is_safe_attribute(obj, attr, value))
         return verdict
 
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        try:
+            return obj[argument]
+        except (TypeError, LookupError):
+            if type(obj) is dict and type(argument) is str and argument not in _DICT_ATTRIBUTES:
+                # `message['tool_calls'] is defined`: a plain dict has no such attribute either
+                return self.undefined(obj=obj, name=argument)
+        return super().getitem(obj, argument)  # indexes again: template data has no side effects
+
     def getattr(self, obj: Any, attribute: str) -> Any:
         if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
             try:
                 return obj[attribute]
             except KeyError:
                 return self.undefined(obj=obj, name=attribute)
-        return cast(Any, super().getattr(obj, attribute))
+        # the sandbox's getattr, asking wrap_str_format only about methods (all it wraps)
+        try:
+            value = getattr(obj, attribute)
+        except AttributeError:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        if type(value) is types.MethodType or type(value) is types.BuiltinMethodType:
+            wrapped = self.wrap_str_format(value)
+            if wrapped is not None:
+                return wrapped
+        if self.is_safe_attribute(obj, attribute, value):
+            return value
+        return self.unsafe_undefined(obj, attribute)
+
+    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        """A macro called as Context.call calls it; given just its parameters, positionally
+        (no caller, varargs, keywords or autoescaping), its body called as Macro.__call__
+        would call it."""
+        if type(__obj) is not Macro or not __self.is_safe_callable(__obj):
+            return super().call(__context, __obj, *args, **kwargs)
+        kwargs.pop("_block_vars", None)
+        kwargs.pop("_loop_vars", None)
+        try:
+            if (
+                not kwargs
+                and len(args) == __obj._argument_count
+                and not (__obj.caller or __obj.catch_kwargs or __obj.catch_varargs)
+                and not (__context.eval_ctx.autoescape or __self.is_async)
+            ):
+                return __obj._func(*args)
+            return __obj(__context.eval_ctx, *args, **kwargs)
+        except StopIteration:
+            return __self.undefined(
+                "value was undefined because a callable raised a StopIteration exception"
+            )
 
 
 def make_environment() -> ImmutableSandboxedEnvironment:

@@ -61,12 +61,37 @@ def test_the_faster_sandbox_answers_as_jinjas_own() -> None:
              "_private", "mro", "__globals__", "func_code", "upper", "add", "keys"]  # fmt: skip
     for obj in objects:
         for name in names:
-            a, b = mine.getattr(obj, name), theirs.getattr(obj, name)
-            assert type(a) is type(b), (obj, name, a, b)
-            if not isinstance(a, jinja2.Undefined):
-                assert a == b or callable(a), (obj, name)
+            for a, b in (
+                (mine.getattr(obj, name), theirs.getattr(obj, name)),
+                (mine.getitem(obj, name), theirs.getitem(obj, name)),
+            ):
+                assert type(a) is type(b), (obj, name, a, b)
+                if not isinstance(a, jinja2.Undefined):
+                    assert a == b or callable(a), (obj, name)
             value = getattr(obj, name, None)
             for _ in range(2):  # the verdict is kept after the first time
                 assert mine.is_safe_attribute(obj, name, value) == theirs.is_safe_attribute(
                     obj, name, value
                 )
+
+
+def test_the_faster_sandbox_renders_as_jinjas_own() -> None:
+    source = (
+        "{% macro t(c, sep='-') %}{{ c }}{{ sep }}{{ varargs }}{% endmacro %}"
+        "{% macro u(x) %}[{{ x }}]{% endmacro %}{{ u('<') }}{{ u(x='>') }}"
+        "{% autoescape true %}{{ u('<') }}{% endautoescape %}"
+        "{% macro w(x) %}{{ caller(x) }}{% endmacro %}{% call(y) w(1) %}({{ y }}){% endcall %}"
+        "{% for m in ms %}{{ u(m['role']) }}{{ t(m['content']) }}"
+        "{{ t(m.content, sep='+') }}{{ t(1, 2, 3) }}"
+        "{% if m['tool_calls'] is defined %}T{% endif %}{% if m.nope is defined %}N{% endif %}"
+        "{% if not loop.first %}{{ loop.previtem['role'] }}{% endif %}{{ loop.index }}"
+        "{% if not loop.last %}{{ loop.nextitem.role }}{% endif %}{{ m['keys'] is defined }}"
+        "{{ '{}!'.format(m['role']) }}{{ m['role'].upper() }}{% endfor %}"
+    )
+    ms = [{"role": "user", "content": "a"}, {"role": "tool", "content": "b", "tool_calls": []}]
+    theirs = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    assert make_environment().from_string(source).render(ms=ms) == theirs.from_string(
+        source
+    ).render(ms=ms)
+    with pytest.raises(SecurityError):
+        render("{% macro t() %}{% endmacro %}{{ t.__call__.__globals__ }}{{ ''.mro() }}")
