@@ -138,6 +138,8 @@ def common_prefix(a: str, b: str, a_start: int = 0) -> int:
     """Length of the longest common prefix of a[a_start:] and b."""
     if a.startswith(b, a_start):
         return len(b)
+    if not a_start and b.startswith(a):  # an est_hit rendering that is a prefix of the prompt
+        return len(a)
     n = min(len(a) - a_start, len(b))
     lo, hi = 0, n
     while lo < hi:  # a[a_start:a_start+lo] == b[:lo]; they differ before hi

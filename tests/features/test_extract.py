@@ -19,7 +19,7 @@ from smetric_router.features.chat_tokenizer import ChatTokenizer, load_chat_toke
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import FeatureExtractor, strip_hint
 from smetric_router.features.hashing import page_hashes
-from smetric_router.features.rendered import MAX_DEPTH
+from smetric_router.features.rendered import MAX_DEPTH, common_prefix
 from smetric_router.features.sample_text import TextSampler
 
 Message = dict[str, Any]
@@ -378,3 +378,16 @@ def test_a_first_turn_starts_from_a_short_flat_beginning(chat: ChatTokenizer) ->
     assert start.parent is None and len(start.tail) <= 1 << 16
     body = {"messages": [system, {"role": "user", "content": "two"}]}
     assert extractor.prompt_token_ids(body) == cold_ids(chat, body)
+
+
+def test_common_prefix_is_the_longest_shared_beginning() -> None:
+    rng = random.Random(5)
+    for _ in range(2000):
+        a = "".join(rng.choice("ab") for _ in range(rng.randint(0, 12)))
+        b = "".join(rng.choice("ab") for _ in range(rng.randint(0, 12)))
+        start = rng.randint(0, len(a))
+        rest = a[start:]
+        expected = next(
+            (i for i in range(min(len(rest), len(b))) if rest[i] != b[i]), min(len(rest), len(b))
+        )
+        assert common_prefix(a, b, start) == expected, (a, b, start)
