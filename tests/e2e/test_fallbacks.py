@@ -87,8 +87,17 @@ async def test_flushed_worker_triggers_evicted_fallback(make_stack: StackFactory
     stack = make_stack(policy="smetric")
     async with aiohttp.ClientSession() as http:
         s = Session(http, stack.url, stack.spec.workers.model_name, "evicted")
+
+        async def indexed(worker: str) -> None:
+            # the reply's KV events reach the router asynchronously; a busy machine delays them
+            async def has_pages() -> bool:
+                return bool((await worker_state(http, stack.url, worker))["kv_pages"]["gpu"])
+
+            await eventually(has_pages, f"{worker}'s KV events to reach the router")
+
         home, reason = await s.turn()
         assert reason == "first-turn-balance"
+        await indexed(home)
         assert (await s.turn()) == (home, "sticky")
 
         async with http.post(f"{home}/flush_cache") as r:
@@ -98,7 +107,8 @@ async def test_flushed_worker_triggers_evicted_fallback(make_stack: StackFactory
             return (await worker_state(http, stack.url, home))["kv_pages"]["gpu"] == 0
 
         await eventually(home_empty, "the flush to reach the router through KV events")
-        _, reason = await s.turn()
+        fallback, reason = await s.turn()
         assert reason == "evicted-fallback"
         # The fallback worker now holds the session: the next turn sticks there again.
-        assert (await s.turn())[1] == "sticky"
+        await indexed(fallback)
+        assert (await s.turn()) == (fallback, "sticky")
