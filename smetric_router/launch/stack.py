@@ -1,8 +1,9 @@
 """Start, watch and stop the processes of one cluster spec.
 
 Every local process runs as a child in its own process group; stop() takes them down in reverse
-start order (router, workers, then the Mooncake master). Processes for other hosts are printed for
-the operator to start there; the launcher then waits for their health like for its own.
+start order (router, workers, then, once they are gone, the Mooncake master). Processes for other
+hosts are printed for the operator to start there; the launcher then waits for their health like
+for its own.
 
 Ports given as 0 (the router's `port: 0`, emulated workers without `base_port`) are bound by the
 processes themselves, which report them through `--port-file`: no port is chosen here and then
@@ -41,6 +42,7 @@ log = logging.getLogger("smetric_router.launch")
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+MASTER = "mooncake-master"
 _ROLE = {"null": "colocated", "prefill": "prefill", "decode": "decode"}
 
 
@@ -127,9 +129,9 @@ class Stack:
         ready = f"http://{m.host}:{m.metrics_port}/metrics"
         if m.host not in LOCAL_HOSTS:
             print(f"# on {m.host}: start the Mooncake master\n{_shell(argv)}", flush=True)
-            self.children.append(Child("mooncake-master", None, ready))
+            self.children.append(Child(MASTER, None, ready))
         else:
-            self._spawn("mooncake-master", list(argv), ready)
+            self._spawn(MASTER, list(argv), ready)
         self._wait_ready(self.children[-1:])
 
     def start_workers(self) -> None:
@@ -201,6 +203,15 @@ class Stack:
 
     def stop(self) -> None:
         local = [c for c in self.children if c.proc is not None]
+        master = [c for c in local if c.name == MASTER]
+        # the master last, once the workers are gone: their Mooncake clients unmount from it
+        self._stop([c for c in local if c.name != MASTER])
+        self._stop(master)
+        if self._port_dir is not None:
+            shutil.rmtree(self._port_dir, ignore_errors=True)
+            self._port_dir = None
+
+    def _stop(self, local: list[Child]) -> None:
         for c in reversed(local):
             assert c.proc is not None
             if c.proc.poll() is None:
@@ -219,9 +230,6 @@ class Stack:
                 c.proc.wait()
             # SGLang's scheduler and detokenizer share the launcher's group: take stragglers too
             _killpg(c.proc.pid, signal.SIGKILL)
-        if self._port_dir is not None:
-            shutil.rmtree(self._port_dir, ignore_errors=True)
-            self._port_dir = None
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -16,7 +16,13 @@ from tests.sglang_env import REPO, RESULT_PREFIX, require_sglang_python
 
 pytestmark = pytest.mark.sglang
 
-SPECS = ["sglang-cpu.yaml", "sglang-cpu-pd.yaml", "sglang-h20.yaml", "sglang-h20-pd.yaml"]
+SPECS = [
+    "sglang-cpu.yaml",
+    "sglang-cpu-pd.yaml",
+    "sglang-cpu-mooncake.yaml",
+    "sglang-h20.yaml",
+    "sglang-h20-pd.yaml",
+]
 SCRIPT = Path(__file__).parent / "sglang_scripts" / "parse_server_args.py"
 
 

@@ -91,6 +91,10 @@ def server_args(
             args += ["--hicache-io-backend", "kernel", "--hicache-mem-layout", "page_first"]
         if s.hicache_storage_backend:
             args += ["--hicache-storage-backend", s.hicache_storage_backend]
+            if s.device == "cpu":
+                # the default `timeout` policy budgets GPU copy speeds: on CPU an L3 prefetch is
+                # cut short and the hit lost; wait for it (a prefix >= 256 tokens is prefetched)
+                args += ["--hicache-storage-prefetch-policy", "wait_complete"]
     if role != "null":
         backend = s.transfer_backend or ("mooncake_tcp" if s.device == "cpu" else "mooncake")
         args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", backend]
