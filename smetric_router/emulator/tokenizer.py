@@ -13,24 +13,18 @@ from __future__ import annotations
 
 import functools
 import os
-import random
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from smetric_router.emulator.chat_template import ChatTemplate, resolve_template
+from smetric_router.features.sample_text import TextSampler
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "assets" / "tokenizer"
 IM_END = "<|im_end|>"  # a ChatML turn's end: what the emulator's chat answers end on
-
-# Words made of a leading space and letters are whole pre-tokenizer chunks in byte-level BPE and
-# in Metaspace tokenizers alike, so a run of single-token words encodes back to the same ids.
-_SAMPLE_WORD = re.compile(r" [a-z]{2,}")
-_SAMPLE_ATTEMPTS = 8
 
 
 class WorkerTokenizer:
@@ -44,7 +38,7 @@ class WorkerTokenizer:
         # SGLang's probes, made once at start-up (serving_chat.OpenAIServingChat.__init__)
         self.auto_adds_specials = len(hf.encode("")) > 0
         self.round_trip_lossy = template.round_trip_lossy(hf, self.auto_adds_specials)
-        self._sample_words: tuple[tuple[int, str], ...] | None = None
+        self._sampler = TextSampler(self._backend)  # synthetic answers, not imitated from SGLang
 
     @staticmethod
     def _end_of_turn(hf: PreTrainedTokenizerFast) -> int:
@@ -69,34 +63,7 @@ class WorkerTokenizer:
 
     def sample_output(self, n_tokens: int, seed: int) -> tuple[str, list[int]]:
         """Text of exactly n_tokens tokens whose encode() gives back the returned ids."""
-        if n_tokens < 0:
-            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
-        if n_tokens == 0:
-            return "", []
-        words = self._words()
-        for attempt in range(_SAMPLE_ATTEMPTS):
-            pool = words if attempt < _SAMPLE_ATTEMPTS - 1 else words[:1]
-            picks = random.Random(f"{seed}/{attempt}").choices(pool, k=n_tokens)
-            ids = [token_id for token_id, _ in picks]
-            text = "".join(word for _, word in picks)
-            if self.encode(text) == ids:
-                return text, ids
-        raise RuntimeError("tokenizer cannot encode sampled words back to the same ids")
-
-    def _words(self) -> tuple[tuple[int, str], ...]:
-        if self._sample_words is None:
-            backend = self._backend
-            ids = list(range(backend.get_vocab_size(with_added_tokens=False)))
-            texts = backend.decode_batch([[i] for i in ids], skip_special_tokens=True)
-            candidates = [
-                (i, t) for i, t in zip(ids, texts, strict=True) if _SAMPLE_WORD.fullmatch(t)
-            ]
-            encoded = backend.encode_batch([t for _, t in candidates], add_special_tokens=False)
-            words = tuple(c for c, e in zip(candidates, encoded, strict=True) if e.ids == [c[0]])
-            if not words:
-                raise RuntimeError("tokenizer has no single-token ' word' pieces to sample from")
-            self._sample_words = words
-        return self._sample_words
+        return self._sampler.sample(n_tokens, seed)
 
 
 def load_tokenizer(path: str | None = None, chat_template: str | None = None) -> WorkerTokenizer:
