@@ -161,7 +161,6 @@ def tokenizer_path(s: SglangSpec) -> str:
 def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
     w, s, pd = spec.workers, spec.sglang, spec.pd
     roles = ["null"] * w.count if pd is None else ["prefill"] * pd.prefill + ["decode"] * pd.decode
-    hosts = [_host(s, role, roles[:i].count(role)) for i, role in enumerate(roles)]
     # per worker: HTTP, KV events, replay, bootstrap (used by prefill only). Real SGLang cannot
     # be given port 0 and report what it bound (it announces only the port it was told, and
     # derives other ports from it under DP attention), so unlike the emulated kind's ports these
@@ -172,7 +171,9 @@ def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
     names = {"null": "worker", "prefill": "prefill", "decode": "decode"}
     seen: dict[str, int] = {}
     out = []
-    for role, host in zip(roles, hosts, strict=True):
+    for role in roles:
+        i = seen[role] = seen.get(role, -1) + 1  # this worker's index among its role
+        host = _host(s, role, i)
         http, events, replay, bootstrap = (next(ports) for _ in range(4))
         kv = (events, replay) if s.kv_events and role != "decode" else None
         boot = bootstrap if role == "prefill" else None
@@ -181,7 +182,6 @@ def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
             first = gpu_next.get(host, 0)
             gpu_next[host] = first + s.gpus_per_worker
             gpus = ",".join(str(g) for g in range(first, first + s.gpus_per_worker))
-        i = seen[role] = seen.get(role, -1) + 1
         argv = (python, "-m", "sglang.launch_server",
                 *server_args(spec, host=host, port=http, role=role, kv_ports=kv,
                              bootstrap_port=boot))  # fmt: skip
