@@ -93,6 +93,18 @@ class Stack:
     def worker_urls(self) -> list[str]:
         return [w.url for w in self.workers]
 
+    def __enter__(self) -> Stack:
+        """`with Stack(spec) as stack:` starts it, and stops whatever started, also on failure."""
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
     def _spawn(self, name: str, argv: list[str], ready_url: str, env: dict[str, str] | None = None,
                ready_timeout_s: float = READY_TIMEOUT_S,
                reports_ports: bool = False) -> Child:  # fmt: skip

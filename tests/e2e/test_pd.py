@@ -21,12 +21,8 @@ def pd_stack() -> Iterator[Stack]:
         workers=WorkerSpec(speedup=SPEEDUP),
         pd=PdSpec(prefill=2, decode=1, decode_kv_timeout_secs=10.0),
     )
-    stack = Stack(spec)
-    try:
-        stack.start()
+    with Stack(spec) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 async def test_openai_client_chat_through_the_pd_stack(pd_stack: Stack) -> None:

@@ -46,12 +46,8 @@ def sglang_spec(
 def sglang_stack() -> Iterator[Stack]:
     """2 real SGLang workers + the SMetric router, shared by the package's tests (start: ~1 min)."""
     require_sglang_python()
-    stack = Stack(sglang_spec())
-    try:
-        stack.start()
+    with Stack(sglang_spec()) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def get_json(url: str, timeout: float = 30) -> Any:

@@ -40,12 +40,8 @@ def mooncake_stack() -> Iterator[Stack]:
         mooncake=MooncakeSpec(rpc_port=rpc, http_metadata_port=http, metrics_port=metrics,
                               global_segment_size=str(256 << 20)),
     )  # fmt: skip
-    stack = Stack(spec)
-    try:
-        stack.start()
+    with Stack(spec) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def l3_pages(stack: Stack, ids: list[int]) -> list[int]:

@@ -62,12 +62,8 @@ def pd_spec() -> ClusterSpec:
 def pd_stack() -> Iterator[Stack]:
     """1 real SGLang prefill + 1 decode + the router in PD mode (start: ~1 min)."""
     require_sglang_env()
-    stack = Stack(pd_spec())
-    try:
-        stack.start()
+    with Stack(pd_spec()) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def _url(stack: Stack, role: str) -> str:
