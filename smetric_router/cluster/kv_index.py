@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 _GPU = 1
 _HOST = 2
+# The fork's L3 events (patches/): a page written to (or removed from) the shared global store.
+L3_MEDIUM = "L3"
 
 
 def _tier(medium: str | None) -> int | None:
@@ -77,6 +79,8 @@ class KvIndex:
         self._local: dict[int, int] = {}
         self._free_bits: list[int] = []
         self._next_bit = 0
+        # L3 is one store shared by all workers: a page any worker wrote there is held for all.
+        self._l3: set[int] = set()
 
     # -- membership -------------------------------------------------------------------------
 
@@ -120,7 +124,9 @@ class KvIndex:
         self.add_worker(worker)
         st = self._workers[worker]
         for ev in batch.events:
-            if isinstance(ev, BlockStored):
+            if isinstance(ev, BlockStored | BlockRemoved) and ev.medium == L3_MEDIUM:
+                self._apply_l3(ev)
+            elif isinstance(ev, BlockStored):
                 tier = _tier(ev.medium)
                 if tier is None:
                     continue
@@ -140,6 +146,16 @@ class KvIndex:
                     self._repair(st)
             elif isinstance(ev, AllBlocksCleared):
                 self.clear(worker)
+
+    def _apply_l3(self, ev: BlockStored | BlockRemoved) -> None:
+        if isinstance(ev, BlockStored):
+            self._l3.update(ev.block_hashes)
+        else:
+            self._l3.difference_update(ev.block_hashes)
+
+    def clear_l3(self) -> None:
+        """The store restarted (it keeps keys in memory only): nothing is in L3 any more."""
+        self._l3.clear()
 
     def _store(self, st: _WorkerState, h: int, parent: int | None, tier: int) -> None:
         old = st.tiers.get(h, 0)
@@ -244,6 +260,21 @@ class KvIndex:
         for w, st in self._workers.items():
             out[w] = (gpu.get(st.bit, 0) * page_size, local.get(st.bit, 0) * page_size)
         return out
+
+    def l3_match(self, page_hashes: Sequence[int], page_size: int) -> int:
+        """Leading prompt tokens in L3 by the workers' L3 events (a walk: L3 is not kept
+        prefix-closed, pages are written and evicted there one by one)."""
+        held = self._l3
+        n = 0
+        for h in page_hashes:
+            if h not in held:
+                break
+            n += 1
+        return n * page_size
+
+    @property
+    def l3_pages(self) -> int:
+        return len(self._l3)
 
     def stats(self, worker: str) -> WorkerIndexStats:
         st = self._workers.get(worker)

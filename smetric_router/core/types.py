@@ -20,6 +20,9 @@ class Reason(str, Enum):
     STICKY = "sticky"
     OVERLOAD_FALLBACK = "overload-fallback"
     EVICTED_FALLBACK = "evicted-fallback"
+    # The history left the local tiers but is fetchable from the global tier (L3): it stays with
+    # its best local holder, which loads the rest from L3 (--l3-aware-guard, see policies/NOTES.md).
+    STICKY_L3 = "sticky-l3"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +35,8 @@ class RequestFeatures:
     est_hit: tokens of the carried history before the newly appended turn — what a worker that
         served the previous turn should still hold.
     page_hashes: SGLang KV-event block hashes (signed int64) of the prompt's full pages.
+    page_digests: their full SHA-256 chain digests, 32 bytes each, concatenated (SGLang's L3 keys
+        are the hex digests); empty where the caller did not ask for them.
     text: the request's prompt text, used only by the text-tree `cache_aware` baseline.
     """
 
@@ -42,6 +47,7 @@ class RequestFeatures:
     est_hit: int
     text: str = ""
     model: str | None = None
+    page_digests: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +56,9 @@ class WorkerView:
 
     hit: leading prompt tokens held in this instance's local tiers (GPU, or GPU+host where the
         host tier is enabled); gpu_hit: the GPU-tier part alone.
+    l3_hit: leading prompt tokens this instance can load from the global tier (Mooncake, HiCache's
+        L3), whatever it holds locally; 0 without a global tier (or with the router's L3 view
+        off), None when the tier's state is unknown (master unreachable): never read as a miss.
     load: the load signal: in-flight requests under PD colocation, unprefilled tokens for PD
         prefill instances, tokens in use for PD decode instances.
     text_match / text_tree_size: the approximate text tree of the `cache_aware` baseline (chars).
@@ -59,6 +68,7 @@ class WorkerView:
     load: float
     hit: int = 0
     gpu_hit: int = 0
+    l3_hit: int | None = 0
     healthy: bool = True
     text_match: int = 0
     text_tree_size: int = 0
@@ -71,13 +81,11 @@ class ClusterView:
     tick: a counter the caller advances once per decision, used for round-robin tie-breaking so
         that policies stay pure.
     entropy: random bits the caller draws per decision, for the randomized baselines.
-    global_hit: leading prompt tokens available to every worker from the global tier (Mooncake).
     """
 
     workers: tuple[WorkerView, ...]
     tick: int = 0
     entropy: int = 0
-    global_hit: int = 0
 
     def healthy(self) -> tuple[WorkerView, ...]:
         return tuple(w for w in self.workers if w.healthy)

@@ -27,7 +27,7 @@ from typing import Any
 
 from smetric_router.features import bodies
 from smetric_router.features.chat_tokenizer import ChatTokenizer
-from smetric_router.features.hashing import as_u32, page_hashes
+from smetric_router.features.hashing import as_u32, page_digests, page_hashes
 from smetric_router.features.rendered import Rendered, common_prefix, render_from, truncated
 from smetric_router.features.sglang_chat import (
     Message,
@@ -61,6 +61,12 @@ class ChatPrompt:
         ids = self.rendered.token_ids()
         ids.extend(self.appended)
         return ids.tolist()
+
+    def page_digests(self) -> bytes:
+        """Chain digests of the full pages (32 bytes each), the L3 keys' source."""
+        if not self.appended:
+            return self.rendered.page_digests()
+        return b"".join(page_digests(self.token_ids(), self.rendered.page_size))
 
 
 @dataclass(frozen=True, slots=True)

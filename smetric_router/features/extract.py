@@ -18,7 +18,7 @@ from smetric_router.features import bodies
 from smetric_router.features.bodies import HINT_FIELD, HISTORY_HEADER, TURN_HEADER, strip_hint
 from smetric_router.features.chat_prompt import ChatPrompts
 from smetric_router.features.chat_tokenizer import ChatTokenizer
-from smetric_router.features.hashing import ChainState, as_u32
+from smetric_router.features.hashing import as_u32, block_hash, page_digests
 
 __all__ = ["HINT_FIELD", "HISTORY_HEADER", "TURN_HEADER", "FeatureExtractor", "strip_hint"]
 
@@ -30,6 +30,7 @@ class FeatureExtractor:
 
     cache_entries / cache_bytes bound the earlier chat prompts kept for follow-ups.
     keep_text=False skips building RequestFeatures.text, which only `cache_aware` reads.
+    keep_digests=True fills RequestFeatures.page_digests, which only the L3 view reads.
     RequestFeatures.page_hashes is an array('q') of signed int64 block hashes (do not mutate).
     Chat message objects are kept for comparison with the next turn: do not mutate them.
     """
@@ -41,6 +42,7 @@ class FeatureExtractor:
         cache_entries: int = 4096,
         keep_text: bool = True,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        keep_digests: bool = False,
     ) -> None:
         if page_size <= 0:
             raise ValueError(f"page_size must be > 0, got {page_size}")
@@ -49,6 +51,7 @@ class FeatureExtractor:
         self.chat = chat
         self.page_size = page_size
         self.keep_text = keep_text
+        self.keep_digests = keep_digests
         self._chats = ChatPrompts(chat, page_size, cache_entries, cache_bytes)
 
     # -- chat -------------------------------------------------------------------------------
@@ -65,6 +68,7 @@ class FeatureExtractor:
             est_hit=prompt.history,
             text=prompt.text if self.keep_text else "",
             model=bodies.model(body),
+            page_digests=prompt.page_digests() if self.keep_digests else b"",
         )
 
     # -- raw prompts ------------------------------------------------------------------------
@@ -94,15 +98,16 @@ class FeatureExtractor:
     ) -> RequestFeatures:
         turn, history = bodies.hint(body, headers)
         tokens = as_u32(self.chat.tokenizer.encode_text(text) if text is not None else ids or [])
-        _, hashes = ChainState(self.page_size).extend(tokens)
+        digests = page_digests(tokens, self.page_size)
         return RequestFeatures(
             prompt_len=len(tokens),
-            page_hashes=array("q", hashes),
+            page_hashes=array("q", (block_hash(d) for d in digests)),
             page_size=self.page_size,
             turn=turn,
             est_hit=history,
             text=(text or "") if self.keep_text else "",
             model=bodies.model(body),
+            page_digests=b"".join(digests) if self.keep_digests else b"",
         )
 
     # -- full token ids ---------------------------------------------------------------------

@@ -109,6 +109,14 @@ class Rendered:
             out.extend(node.hashes[: end // node.page_size - first_page])
         return out
 
+    def page_digests(self) -> bytes:
+        """The full pages' chain digests, concatenated (32 bytes each), as page_hashes()."""
+        out = []
+        for node, _, end in self._segments():
+            first_page = node.first // node.page_size
+            out.append(node.digests[: (end // node.page_size - first_page) * _DIGEST])
+        return b"".join(out)
+
     def _digest_of_page(self, page: int) -> bytes:
         node = self
         while node.parent is not None and page < node.first // node.page_size:

@@ -26,6 +26,10 @@ class PolicyParams:
     # does not notice two more, so only an excess beyond this slack counts (0 = the paper's rule).
     overload_slack: float = 2.0
     hit_ratio: float = 0.5  # SMetric: sticky only if best hit > hit_ratio x est_hit
+    # SMetric: a history that left the local tiers but is held in L3 is fetchable, not evicted:
+    # the follow-up stays with its best local holder, which loads the rest from L3, instead of
+    # being balanced (where the whole history would be fetched). Needs the router's L3 view.
+    l3_aware: bool = True
     # Bailian: weight of the miss term. Unpublished; 0.6 gives the paper's Bailian imbalance
     # relative to load-balance-only (benchmarks/results/bailian_lambda.md); from 0.7 a shared
     # template's hit outweighs any load and sessions pile on the template's holders.

@@ -4,6 +4,9 @@ First request of a session -> least load. Follow-up -> the worker with the highe
 unless that worker is overloaded (load > OVERLOAD x mean, and more than a slack of two requests
 above the mean — see PolicyParams.overload_slack) or the session looks evicted
 (best hit <= HIT_RATIO x est_hit); both guards fall back to least load. Ties round-robin.
+L3-aware (PolicyParams.l3_aware, the router's L3 view on): a history evicted locally but held in
+the global tier (L3) is fetchable, not lost; the follow-up stays with its best local holder
+(`sticky-l3`), which loads the rest from L3.
 """
 
 from __future__ import annotations
@@ -36,6 +39,12 @@ class SMetric:
             return Decision(least_load(workers, view.tick).url, Reason.OVERLOAD_FALLBACK.value)
         # est_hit == 0 means the request carries no countable history: nothing to have been evicted.
         if features.est_hit > 0 and not best_hit > p.hit_ratio * features.est_hit:
+            # Fetchable: the target keeps its local part and loads the rest from L3. Without any
+            # local part every worker would fetch it all, so balancing costs nothing more.
+            l3 = target.l3_hit
+            fetchable = l3 is not None and l3 > p.hit_ratio * features.est_hit
+            if p.l3_aware and best_hit > 0 and fetchable:
+                return Decision(target.url, Reason.STICKY_L3.value)
             return Decision(least_load(workers, view.tick).url, Reason.EVICTED_FALLBACK.value)
         return Decision(target.url, Reason.STICKY.value)
 

@@ -13,6 +13,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from smetric_router.cluster.l3_view import EventsL3, L3State, MasterL3
 from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
@@ -21,7 +22,7 @@ from smetric_router.policies import make_policy
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.errors import RouterError, bad_request, no_worker
 from smetric_router.router.kv import KvFeeds
-from smetric_router.router.metrics import RouterMetrics, WorkerSample
+from smetric_router.router.metrics import L3Sample, RouterMetrics, WorkerSample
 from smetric_router.router.pd import PdProxy
 from smetric_router.router.probe import Prober
 from smetric_router.router.proxy import Proxy
@@ -53,8 +54,10 @@ class RouterState:
         hits: HitIndex | None,
         text_tree: TextTree | None,
         kv_feeds: KvFeeds | None,
+        l3: MasterL3 | EventsL3 | None = None,
     ) -> None:
         self.config = config
+        self.l3 = l3
         self.features_for = features_for
         self.hits = hits
         self.text_tree = text_tree
@@ -65,7 +68,7 @@ class RouterState:
         self._router: Router | None = None
         self._proxy: Proxy | None = None
         self.pd: PdProxy | None = None  # set under PD disaggregation
-        self.metrics = RouterMetrics(self.sample_workers)
+        self.metrics = RouterMetrics(self.sample_workers, self.sample_l3 if l3 else None)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -121,6 +124,8 @@ class RouterState:
             prober=Prober(self._session, c.probe_timeout_secs, self.metrics)
             if c.cache_view == "probe"
             else None,
+            l3=self.l3,
+            l3_key_prefix=c.l3_key_prefix,
         )
         self._proxy = Proxy(
             session=self._session,
@@ -145,8 +150,12 @@ class RouterState:
                 handover_timeout=c.pd_handover_timeout_secs,
             )
         try:
+            if isinstance(self.l3, MasterL3):
+                await self.l3.start(self._session)
             await self._registry.initialize(c.worker_specs())
         except BaseException:
+            if isinstance(self.l3, MasterL3):
+                await self.l3.stop()
             await self._session.close()
             raise
         self._registry.start()
@@ -156,6 +165,8 @@ class RouterState:
             await self._registry.stop()
         if self.kv_feeds is not None:
             await self.kv_feeds.stop()
+        if isinstance(self.l3, MasterL3):
+            await self.l3.stop()
         if self._session is not None:
             await self._session.close()
 
@@ -169,6 +180,20 @@ class RouterState:
             await self.kv_feeds.remove_worker(url)
         if self.text_tree is not None:
             self.text_tree.remove_worker(url)
+
+    def sample_l3(self) -> L3Sample | None:
+        l3 = self.l3
+        if l3 is None:
+            return None
+        return L3Sample(
+            source=l3.name,
+            ok=l3.state is L3State.OK,
+            lookups=dict(l3.stats.lookups),
+            outages=l3.stats.outages,
+            resets=l3.stats.resets,
+            keys=l3.stats.keys,
+            pages=l3.index.l3_pages if isinstance(l3, EventsL3) else None,
+        )
 
     def sample_workers(self) -> list[WorkerSample]:
         if self._registry is None:
@@ -269,12 +294,13 @@ async def _generate(
     try:
         features = router.extract(endpoint, body, request.headers)
         probed = await router.probe(body, model)  # None unless --cache-view probe
+        l3 = await router.l3_lookup(features, model)  # 0 unless --l3-view
         if strip_hint(body):
             raw = orjson.dumps(body)
         if state.pd is not None:
-            pair = state.pd.route(features, model, probed)
+            pair = state.pd.route(features, model, probed, l3)
         else:
-            routed = router.route(features, model, probed)
+            routed = router.route(features, model, probed, l3)
     except FeatureError as e:
         raise bad_request(str(e)) from None
     except NoWorkerAvailable:

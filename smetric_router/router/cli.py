@@ -17,7 +17,7 @@ from aiohttp import web
 
 from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.policies import PolicyParams, policy_names
-from smetric_router.router.config import CACHE_VIEWS, RouterConfig
+from smetric_router.router.config import CACHE_VIEWS, L3_VIEWS, RouterConfig
 
 log = logging.getLogger("smetric_router.router")
 
@@ -248,6 +248,59 @@ def build_parser() -> argparse.ArgumentParser:
         default=_D.probe_timeout_secs,
         help="probe mode: a worker that has not answered the probe by then counts as hit 0",
     )
+    l3 = p.add_argument_group(
+        "global KV tier (L3)",
+        "Mooncake as HiCache's L3: which prompt pages any worker can load from the shared store",
+    )
+    l3.add_argument(
+        "--l3-view",
+        choices=L3_VIEWS,
+        default=_D.l3_view,
+        help="where L3 hits come from: 'master' asks the Mooncake master's HTTP API "
+        "(/batch_query_keys on SGLang's page keys, cached, within --l3-budget-secs; works with "
+        "stock SGLang), 'events' reads L3 KV events from workers running the fork's patch "
+        "(patches/), 'off' = no L3 figure (L3-aware guard inactive)",
+    )
+    l3.add_argument(
+        "--mooncake-master-url",
+        default=None,
+        metavar="URL",
+        help="http://HOST:PORT of mooncake_master's HTTP port (its --metrics_port), for "
+        "--l3-view master",
+    )
+    l3.add_argument(
+        "--l3-key-prefix",
+        default=None,
+        help="prefix of SGLang's Mooncake keys; default: the served model name with '/' -> '-' "
+        "(what SGLang's MooncakeStore uses without --hicache-storage-backend-extra-config "
+        "extra_backend_tag)",
+    )
+    l3.add_argument(
+        "--l3-tp-rank",
+        type=int,
+        default=_D.l3_tp_rank,
+        help="TP rank whose keys are asked for (each rank writes its own)",
+    )
+    l3.add_argument(
+        "--l3-budget-secs",
+        type=float,
+        default=_D.l3_budget_secs,
+        help="longest a routing decision waits for the master; a slower answer counts as "
+        "'unknown' (never as a miss)",
+    )
+    l3.add_argument(
+        "--l3-cache-ttl-secs",
+        type=float,
+        default=_D.l3_cache_ttl_secs,
+        help="how long a page seen in L3 is trusted without asking the master again",
+    )
+    l3.add_argument(
+        "--no-l3-aware-guard",
+        action="store_true",
+        help="smetric: treat a history evicted from the local tiers as evicted even when L3 "
+        "holds it (the paper's guard as written); by default it stays with its best local "
+        "holder (reason sticky-l3)",
+    )
     return p
 
 
@@ -286,6 +339,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
                 cache_threshold=a.cache_threshold,
                 balance_abs_threshold=a.balance_abs_threshold,
                 balance_rel_threshold=a.balance_rel_threshold,
+                l3_aware=not a.no_l3_aware_guard,
             ),
             prometheus_port=a.prometheus_port,
             prometheus_host=a.prometheus_host,
@@ -302,6 +356,12 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             kv_events=not a.no_kv_events,
             cache_view=a.cache_view,
             probe_timeout_secs=a.probe_timeout_secs,
+            l3_view=a.l3_view,
+            mooncake_master_url=a.mooncake_master_url,
+            l3_key_prefix=a.l3_key_prefix,
+            l3_tp_rank=a.l3_tp_rank,
+            l3_budget_secs=a.l3_budget_secs,
+            l3_cache_ttl_secs=a.l3_cache_ttl_secs,
             pd_disaggregation=a.pd_disaggregation,
             prefill=_prefill_specs(a.prefill),
             decode_urls=tuple(a.decode),

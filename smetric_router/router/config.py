@@ -8,6 +8,9 @@ from smetric_router.policies import PolicyParams
 from smetric_router.router.workers import Role, WorkerSpec
 
 CACHE_VIEWS = ("events", "probe")
+# Where the global tier's (Mooncake, HiCache L3) hits come from: nowhere, the master's own HTTP
+# API (cluster/l3_view.py), or L3 KV events from workers running the fork's patch (patches/).
+L3_VIEWS = ("off", "master", "events")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +37,12 @@ class RouterConfig:
     # patched SGLang /smetric/prefix_match per request, see patches/).
     cache_view: str = "events"
     probe_timeout_secs: float = 0.05
+    l3_view: str = "off"
+    mooncake_master_url: str | None = None  # http://host:port of the master's HTTP (metrics) port
+    l3_key_prefix: str | None = None  # None: the served model name, as SGLang's MooncakeStore
+    l3_tp_rank: int = 0
+    l3_budget_secs: float = 0.025
+    l3_cache_ttl_secs: float = 2.0
     # PD disaggregation: prefill (URL, bootstrap port or None = discover) and decode instances.
     pd_disaggregation: bool = False
     prefill: tuple[tuple[str, int | None], ...] = ()
@@ -64,6 +73,17 @@ class RouterConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.cache_view not in CACHE_VIEWS:
             raise ValueError(f"cache_view must be one of {CACHE_VIEWS}, got {self.cache_view!r}")
+        if self.l3_view not in L3_VIEWS:
+            raise ValueError(f"l3_view must be one of {L3_VIEWS}, got {self.l3_view!r}")
+        if self.l3_view == "master" and not self.mooncake_master_url:
+            raise ValueError(
+                "--l3-view master needs --mooncake-master-url http://HOST:PORT (the master's "
+                "--metrics_port, where it serves /batch_query_keys)"
+            )
+        if self.l3_view == "events" and (self.cache_view != "events" or not self.kv_events):
+            raise ValueError("--l3-view events needs the KV-event index (--cache-view events)")
+        if self.l3_budget_secs <= 0 or self.l3_cache_ttl_secs < 0 or self.l3_tp_rank < 0:
+            raise ValueError("l3_budget_secs must be > 0, l3_cache_ttl_secs and l3_tp_rank >= 0")
         if self.prefill_overload_slack < 0:
             raise ValueError("prefill_overload_slack must be >= 0")
         if self.pd_disaggregation:

@@ -76,8 +76,75 @@ class _WorkerCollector(Collector):
         return [healthy, inflight, load, connected, resets, gaps, decode_errors]
 
 
+@dataclass(frozen=True, slots=True)
+class L3Sample:
+    source: str  # master | events
+    ok: bool  # the global tier's state is known
+    lookups: dict[str, int]
+    outages: int
+    resets: int
+    keys: int | None  # the master's key count (master source)
+    pages: int | None  # pages the events put in L3 (events source)
+
+
+class _L3Collector(Collector):
+    def __init__(self, sample: Callable[[], L3Sample | None]) -> None:
+        self._sample = sample
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        s = self._sample()
+        if s is None:
+            return []
+        src = [s.source]
+        state = GaugeMetricFamily(
+            "smetric_l3_known",
+            "1 while the global tier's (Mooncake's) state is known; 0 = unreachable or "
+            "restarting: L3 hits are 'unknown', not misses",
+            labels=["source"],
+        )
+        state.add_metric(src, 1.0 if s.ok else 0.0)
+        lookups = CounterMetricFamily(
+            "smetric_l3_lookups",
+            "L3 lookups by outcome (hit, miss, unknown: state unknown, timeout: over "
+            "--l3-budget-secs)",
+            labels=["source", "outcome"],
+        )
+        for outcome, n in sorted(s.lookups.items()):
+            lookups.add_metric([s.source, outcome], n)
+        outages = CounterMetricFamily(
+            "smetric_l3_outages", "Times the Mooncake master became unreachable", labels=["source"]
+        )
+        outages.add_metric(src, s.outages)
+        resets = CounterMetricFamily(
+            "smetric_l3_resets",
+            "Times the router's L3 view was dropped (master back after an outage, or restarted)",
+            labels=["source"],
+        )
+        resets.add_metric(src, s.resets)
+        out: list[GaugeMetricFamily | CounterMetricFamily] = [state, lookups, outages, resets]
+        if s.keys is not None:
+            keys = GaugeMetricFamily(
+                "smetric_l3_master_keys", "Objects in the Mooncake store (master's key count)",
+                labels=["source"],
+            )  # fmt: skip
+            keys.add_metric(src, s.keys)
+            out.append(keys)
+        if s.pages is not None:
+            pages = GaugeMetricFamily(
+                "smetric_l3_event_pages", "Pages the workers' L3 events put in the store",
+                labels=["source"],
+            )  # fmt: skip
+            pages.add_metric(src, s.pages)
+            out.append(pages)
+        return out
+
+
 class RouterMetrics:
-    def __init__(self, sample_workers: Callable[[], Iterable[WorkerSample]]) -> None:
+    def __init__(
+        self,
+        sample_workers: Callable[[], Iterable[WorkerSample]],
+        sample_l3: Callable[[], L3Sample | None] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -121,7 +188,28 @@ class RouterMetrics:
             buckets=(1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1),
             registry=r,
         )
+        self.prefix_tokens = Counter(
+            "smetric_routed_prefix_tokens",
+            "Cached prompt tokens on the chosen worker by the tier that holds them (gpu, host: "
+            "its local tiers; l3: loadable from the global tier beyond them; l3_unknown: "
+            "decisions made while the global tier's state was unknown, counted once each)",
+            ["tier"],
+            registry=r,
+        )
         r.register(_WorkerCollector(sample_workers))
+        if sample_l3 is not None:
+            r.register(_L3Collector(sample_l3))
+
+    def count_prefix(self, gpu: int, local: int, l3: int | None) -> None:
+        c = self.prefix_tokens
+        if gpu:
+            c.labels("gpu").inc(gpu)
+        if local > gpu:
+            c.labels("host").inc(local - gpu)
+        if l3 is None:
+            c.labels("l3_unknown").inc()
+        elif l3 > local:
+            c.labels("l3").inc(l3 - local)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

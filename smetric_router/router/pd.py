@@ -45,6 +45,7 @@ from smetric_router.router.proxy import (
     WORKER_HEADER,
     copy_stream,
     forward_headers,
+    hit_headers,
 )
 from smetric_router.router.routing import Routed, Router
 from smetric_router.router.workers import Worker, WorkerRegistry
@@ -73,6 +74,7 @@ class Pair:
             PREFILL_HEADER: self.prefill.decision.worker,
             WORKER_HEADER: self.decode.decision.worker,
             REASON_HEADER: self.prefill.decision.reason,
+            **hit_headers(self.prefill),
         }
 
 
@@ -167,10 +169,12 @@ class PdProxy:
         features: RequestFeatures,
         model: str | None,
         probed: Mapping[str, tuple[int, int]] | None = None,
+        l3: int | None = 0,
     ) -> Pair:
-        """probed: the prefill side's probe round (--cache-view probe), where KV reuse pays."""
+        """probed: the prefill side's probe round (--cache-view probe), where KV reuse pays;
+        l3: its global-tier hit, which only prefill instances load."""
         return Pair(
-            self.prefill_router.route(features, model, probed),
+            self.prefill_router.route(features, model, probed, l3),
             self.decode_router.route(features, model),
         )
 
@@ -246,7 +250,11 @@ class PdProxy:
         label: str,
     ) -> web.StreamResponse | _Failed:
         features = pair.prefill.features
-        hit = next((w.hit for w in pair.prefill.view.workers if w.url == prefill.url), 0)
+        # What the prefill will not compute: its local hit, or what it loads from L3.
+        hit = next(
+            (max(w.hit, w.l3_hit or 0) for w in pair.prefill.view.workers if w.url == prefill.url),
+            0,
+        )
         held = _Held(prefill, decode, max(0, features.prompt_len - hit), features.prompt_len)
         p_task = asyncio.create_task(self._prefill(prefill, path, payload, headers))
         d_task = asyncio.create_task(self._decode_head(decode, path, payload, headers))

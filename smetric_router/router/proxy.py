@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 WORKER_HEADER = "x-smetric-worker"
 REASON_HEADER = "x-smetric-reason"
+HIT_HEADER = "x-smetric-hit"
+TIER_HEADER = "x-smetric-tier"
 
 _HOP_BY_HOP = frozenset(
     {
@@ -61,7 +63,29 @@ def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 
 def decision_headers(routed: Routed) -> dict[str, str]:
-    return {WORKER_HEADER: routed.decision.worker, REASON_HEADER: routed.decision.reason}
+    return {
+        WORKER_HEADER: routed.decision.worker,
+        REASON_HEADER: routed.decision.reason,
+        **hit_headers(routed),
+    }
+
+
+def hit_headers(routed: Routed) -> dict[str, str]:
+    """The chosen worker's cached prefix by tier, as the router saw it when deciding:
+    x-smetric-hit `gpu=N; host=N; l3=N|unknown` in leading prompt tokens (gpu: on its GPU; host:
+    on its GPU or host, HiCache's L1+L2; l3: in the global tier, 0 without an L3 view) and
+    x-smetric-tier: where the deepest part of it comes from (gpu, host, l3 or none)."""
+    w = next((w for w in routed.view.workers if w.url == routed.decision.worker), None)
+    if w is None:
+        return {}
+    l3 = "unknown" if w.l3_hit is None else str(w.l3_hit)
+    if w.l3_hit is not None and w.l3_hit > w.hit:
+        tier = "l3"
+    elif w.hit > w.gpu_hit:
+        tier = "host"
+    else:
+        tier = "gpu" if w.gpu_hit else "none"
+    return {HIT_HEADER: f"gpu={w.gpu_hit}; host={w.hit}; l3={l3}", TIER_HEADER: tier}
 
 
 @dataclass(slots=True)

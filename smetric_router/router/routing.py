@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Protocol
 
+from smetric_router.cluster.l3_view import key_prefix
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures, WorkerView
 from smetric_router.policies import Policy
 from smetric_router.router.errors import RouterError
@@ -51,6 +52,15 @@ class PageCounts(Protocol):
 
     @property
     def host_pages(self) -> int: ...
+
+
+class L3Source(Protocol):
+    """Where the global tier's hits come from: cluster.l3_view.MasterL3 or EventsL3."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def lookup(self, prefix: str, features: RequestFeatures) -> int | None: ...
 
 
 class TextTree(Protocol):
@@ -99,9 +109,12 @@ class Router:
         text_tree: TextTree | None = None,
         role: Role = Role.WORKER,
         prober: Prober | None = None,
+        l3: L3Source | None = None,
+        l3_key_prefix: str | None = None,
     ) -> None:
         """Decides among the registry's workers of `role` (one Router per PD side). With a
-        prober, hits come from probing the workers (see probe()), not from `hits`."""
+        prober, hits come from probing the workers (see probe()), not from `hits`; with an L3
+        source, each worker's view carries the global tier's hit too (see l3_lookup())."""
         self.policy = policy
         self.role = role
         self.registry = registry
@@ -111,6 +124,8 @@ class Router:
         self.hits = hits
         self.text_tree = text_tree if policy.uses_text_tree else None
         self.prober = prober
+        self.l3 = l3
+        self.l3_key_prefix = l3_key_prefix
         self._tick = itertools.count()
 
     @property
@@ -143,13 +158,28 @@ class Router:
             return {}
         return await self.prober.hits(self.features.prompt_token_ids(body), urls)
 
+    async def l3_lookup(self, features: RequestFeatures, model: str | None) -> int | None:
+        """Leading prompt tokens in the global tier: 0 without an L3 view, None when unknown
+        (the master is unreachable or slow, or the key prefix cannot be told)."""
+        if self.l3 is None or not features.page_hashes:
+            return 0
+        prefix = self.l3_key_prefix
+        if prefix is None:
+            served = self.registry.models()
+            name = model or (next(iter(served)) if len(served) == 1 else None)
+            if name is None:
+                return None
+            prefix = key_prefix(name)
+        return await self.l3.lookup(prefix, features)
+
     def route(
         self,
         features: RequestFeatures,
         model: str | None,
         probed: Mapping[str, tuple[int, int]] | None = None,
+        l3: int | None = 0,
     ) -> Routed:
-        view = self.snapshot(features, model, probed)
+        view = self.snapshot(features, model, probed, l3)
         decision = self.decide(features, view)
         if self.text_tree is not None and features.text:
             self.text_tree.insert(features.text, decision.worker)
@@ -165,9 +195,12 @@ class Router:
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         decision = self.policy.decide(features, view)
         self.metrics.decisions.labels(decision.reason, decision.worker).inc()
+        chosen = next((w for w in view.workers if w.url == decision.worker), None)
+        if chosen is not None and self.role is not Role.DECODE:
+            self.metrics.count_prefix(chosen.gpu_hit, chosen.hit, chosen.l3_hit)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
-                "decision worker=%s reason=%s turn=%s prompt=%d est_hit=%d loads=%s hits=%s",
+                "decision worker=%s reason=%s turn=%s prompt=%d est_hit=%d loads=%s hits=%s l3=%s",
                 decision.worker,
                 decision.reason,
                 features.turn,
@@ -175,6 +208,7 @@ class Router:
                 features.est_hit,
                 [w.load for w in view.workers],
                 [w.hit for w in view.workers],
+                [w.l3_hit for w in view.workers],
             )
         return decision
 
@@ -183,8 +217,10 @@ class Router:
         features: RequestFeatures,
         model: str | None,
         probed: Mapping[str, tuple[int, int]] | None = None,
+        l3: int | None = 0,
     ) -> ClusterView:
-        """probed: url -> (GPU hit, GPU-or-host hit) from probe(); else the KV-event index."""
+        """probed: url -> (GPU hit, GPU-or-host hit) from probe(); else the KV-event index.
+        l3: the global tier's hit from l3_lookup(), given to every worker that uses the tier."""
         candidates = self._serving(model)
         if not candidates:
             what = "worker" if self.role is Role.WORKER else f"{self.role.value} worker"
@@ -210,6 +246,7 @@ class Router:
                     load=w.load(now, max_age),
                     hit=local_hit,
                     gpu_hit=gpu_hit,
+                    l3_hit=l3 if w.l3 else 0,
                     healthy=w.healthy,
                     text_match=text_hits.get(w.url, 0),
                     text_tree_size=self.text_tree.size(w.url) if self.text_tree else 0,

@@ -78,6 +78,9 @@ class Worker:
     models: frozenset[str] = frozenset()
     problem: str | None = None  # why the worker is excluded although it answers, if it is
     probed: bool = False
+    # Whether the worker loads from the global tier: False only when its /server_info says it
+    # has no HiCache storage backend (a server that does not say is taken to have one).
+    l3: bool = True
 
     @property
     def hashes(self) -> bool:
@@ -296,6 +299,7 @@ class WorkerRegistry:
         if w.role is Role.PREFILL and not w.bootstrap_port_fixed:
             w.bootstrap_port = bootstrap_port_of(info) if isinstance(info, dict) else None
         w.models = models_of(models, model_info)
+        w.l3 = not isinstance(info, dict) or bool(info.get("hicache_storage_backend", True))
         w.probed = True
         w.healthy = True
 

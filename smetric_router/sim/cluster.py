@@ -352,7 +352,7 @@ class Cluster:
                     text_tree_size=tree.size(url) if tree is not None else 0,
                 )
             )
-        # global_hit stays 0 as the router leaves it: no policy reads it
+        # l3_hit stays 0 (no L3 view): the simulator's results predate the L3-aware guard
         view = ClusterView(tuple(workers), tick, rng.getrandbits(64))
         url = self.policy.decide(features, view).worker
         if tree is not None:

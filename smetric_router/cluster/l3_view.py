@@ -1,0 +1,255 @@
+"""The router's view of the global KV tier (Mooncake as HiCache's L3), read from the master.
+
+SGLang's MooncakeStore keeps one object per page, K and V apart, under
+`{prefix}_{page digest hex}_{tp rank}_k|_v` (prefix: the served model name with '/' -> '-'; MHA
+models; `mem_cache/storage/mooncake_store`). The router computes the same digests from the prompt
+(features.hashing), so it asks the master itself which pages exist: `GET /batch_query_keys` on
+the master's HTTP port (the one `--metrics_port` opens; the RPC-only client would need Mooncake's
+native library in the router). A page counts when both its objects exist; the figure is the
+leading run of such pages, which is what HiCache's prefetch loads.
+
+Invariants (see NOTES.md): a lookup never blocks a decision longer than `budget_s`; an answer
+the router cannot vouch for is None ("unknown"), never 0 ("miss"); after an outage or a master
+restart (its counters go backwards) the cached positives are dropped, since the master keeps
+its keys in memory and comes back empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import aiohttp
+import orjson
+
+from smetric_router.cluster.kv_index import KvIndex
+from smetric_router.core.types import RequestFeatures
+
+log = logging.getLogger(__name__)
+
+DIGEST = 32
+# The master answers GETs of ~180 KB URLs; shorter chunks keep each answer small and parallel.
+_KEYS_PER_QUERY = 512
+# Counters every client's pings and calls move forward; any of them going back is a new master.
+_MONOTONE = ("master_ping_requests_total", "master_mount_segment_requests_total")
+
+
+class L3State(str, Enum):
+    OK = "ok"  # the master answers: hits and misses are facts
+    UNKNOWN = "unknown"  # unreachable, restarting, or not asked yet: no figure at all
+
+
+@dataclass(frozen=True, slots=True)
+class L3Config:
+    master_url: str  # http://host:port of mooncake_master's HTTP (metrics) port
+    tp_rank: int = 0  # whose keys to ask for (every TP rank writes its own)
+    budget_s: float = 0.025  # longest a decision waits for the master
+    ttl_s: float = 2.0  # how long a page seen in L3 is trusted without asking again
+    max_pages: int = 4096  # pages asked per lookup beyond the cached ones
+    health_interval_s: float = 1.0
+    cache_pages: int = 1 << 18
+
+    def __post_init__(self) -> None:
+        if not self.master_url.startswith(("http://", "https://")):
+            raise ValueError(f"the Mooncake master URL must be http(s)://, got {self.master_url!r}")
+        if self.budget_s <= 0 or self.ttl_s < 0 or self.max_pages <= 0:
+            raise ValueError("budget_s and max_pages must be > 0, ttl_s >= 0")
+
+
+def key_prefix(model: str) -> str:
+    """SGLang's Mooncake key prefix for a served model name."""
+    return "-".join(model.split("/"))
+
+
+def page_stems(prefix: str, digests: bytes, tp_rank: int) -> list[str]:
+    """Each full page's key without its `_k`/`_v` suffix, in page order."""
+    return [
+        f"{prefix}_{digests[off : off + DIGEST].hex()}_{tp_rank}"
+        for off in range(0, len(digests) - DIGEST + 1, DIGEST)
+    ]
+
+
+def page_keys(prefix: str, digests: bytes, tp_rank: int) -> list[str]:
+    """K and V object keys of each full page, in page order (2 per page)."""
+    return [s + kv for s in page_stems(prefix, digests, tp_rank) for kv in ("_k", "_v")]
+
+
+@dataclass(slots=True)
+class L3Stats:
+    lookups: dict[str, int]  # outcome -> count: hit, miss, unknown, timeout
+    outages: int = 0  # times the master became unreachable
+    resets: int = 0  # times the cached view was dropped (outage over, master restarted)
+    keys: int | None = None  # the master's key count at the last health check
+
+
+class MasterL3:
+    """Leading pages of a prompt in L3, asked from the Mooncake master over HTTP, with a
+    short-lived cache of pages seen there and a health loop that notices outages and restarts."""
+
+    name = "master"
+
+    def __init__(self, config: L3Config) -> None:
+        self.config = config
+        self.state = L3State.UNKNOWN
+        self.stats = L3Stats({"hit": 0, "miss": 0, "unknown": 0, "timeout": 0})
+        self._seen: dict[str, float] = {}  # key stem -> trusted until (monotonic)
+        self._counters: dict[str, float] = {}
+        self._was_ok = False
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+        await self.check_health()
+        self._task = asyncio.create_task(self._health_loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    async def lookup(self, prefix: str, features: RequestFeatures) -> int | None:
+        """Leading prompt tokens held in L3, or None when the tier's state is unknown."""
+        if self.state is not L3State.OK:
+            self.stats.lookups["unknown"] += 1
+            return None
+        digests = features.page_digests
+        n = min(len(digests) // DIGEST, self.config.max_pages)
+        stems = page_stems(prefix, digests[: n * DIGEST], self.config.tp_rank)
+        now = time.monotonic()
+        known = 0
+        while known < n and self._seen.get(stems[known], 0.0) > now:
+            known += 1
+        if known < n:
+            try:
+                held = await asyncio.wait_for(self._held(stems[known:]), self.config.budget_s)
+            except TimeoutError:
+                self.stats.lookups["timeout"] += 1
+                return None
+            except (aiohttp.ClientError, OSError, ValueError) as e:
+                self._down(f"lookup failed: {e!r}")
+                self.stats.lookups["unknown"] += 1
+                return None
+            self._remember(stems[known:], held, now)
+            for ok in held:
+                if not ok:
+                    break
+                known += 1
+        self.stats.lookups["hit" if known else "miss"] += 1
+        return known * features.page_size
+
+    async def _held(self, stems: list[str]) -> list[bool]:
+        keys = [s + kv for s in stems for kv in ("_k", "_v")]
+        chunks = [keys[i : i + _KEYS_PER_QUERY] for i in range(0, len(keys), _KEYS_PER_QUERY)]
+        answers = await asyncio.gather(*(self._query(c) for c in chunks))
+        exists: dict[str, bool] = {}
+        for a in answers:
+            exists.update(a)
+        return [exists.get(s + "_k", False) and exists.get(s + "_v", False) for s in stems]
+
+    async def _query(self, keys: list[str]) -> Mapping[str, bool]:
+        assert self._session is not None, "start() first"
+        url = f"{self.config.master_url}/batch_query_keys"
+        async with self._session.get(url, params={"keys": ",".join(keys)}) as resp:
+            raw = await resp.read()
+        body: Any = orjson.loads(raw)
+        if resp.status != 200 or not isinstance(body, dict) or not body.get("success"):
+            raise ValueError(f"batch_query_keys answered {resp.status}: {raw[:200]!r}")
+        data = body.get("data") or {}
+        return {k: bool(isinstance(v, dict) and v.get("ok")) for k, v in data.items()}
+
+    def _remember(self, stems: list[str], held: list[bool], now: float) -> None:
+        if len(self._seen) > self.config.cache_pages:
+            self._seen.clear()
+        until = now + self.config.ttl_s
+        for s, ok in zip(stems, held, strict=True):
+            if ok:
+                self._seen[s] = until
+            else:
+                self._seen.pop(s, None)
+
+    # -- health -----------------------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            await self.check_health()
+
+    async def check_health(self) -> None:
+        """One look at the master's /metrics: reachable or not, restarted or not."""
+        assert self._session is not None, "start() first"
+        try:
+            timeout = aiohttp.ClientTimeout(total=max(1.0, self.config.health_interval_s))
+            async with self._session.get(
+                f"{self.config.master_url}/metrics", timeout=timeout
+            ) as resp:
+                text = await resp.text()
+            if resp.status != 200:
+                raise ValueError(f"/metrics answered {resp.status}")
+        except (aiohttp.ClientError, OSError, ValueError, TimeoutError) as e:
+            self._down(f"/metrics: {e!r}")
+            return
+        counters = _parse_metrics(text)
+        self.stats.keys = int(counters.get("master_key_count", 0))
+        restarted = any(counters.get(n, 0.0) < self._counters.get(n, 0.0) for n in _MONOTONE)
+        self._counters = {n: counters.get(n, 0.0) for n in _MONOTONE}
+        if self.state is not L3State.OK:
+            log.info("Mooncake master %s reachable: L3 view on", self.config.master_url)
+            if self._was_ok:  # after an outage: it may have restarted empty
+                self._reset()
+            self.state = L3State.OK
+            self._was_ok = True
+        elif restarted:
+            log.warning("Mooncake master %s restarted (its store is empty): L3 view reset",
+                        self.config.master_url)  # fmt: skip
+            self._reset()
+
+    def _down(self, why: str) -> None:
+        if self.state is L3State.OK:
+            self.stats.outages += 1
+            log.warning("Mooncake master %s unreachable (%s): L3 hits unknown until it answers",
+                        self.config.master_url, why)  # fmt: skip
+        self.state = L3State.UNKNOWN
+        self._counters = {}
+
+    def _reset(self) -> None:
+        self._seen.clear()
+        self.stats.resets += 1
+
+
+def _parse_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name, _, value = line.partition(" ")
+        try:
+            out[name] = float(value.split()[0])
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+class EventsL3:
+    """Leading prompt tokens in L3 from the workers' L3 KV events (the fork's patch), kept in
+    the KV index. Over-reports after the store evicts or restarts, which SGLang never sees."""
+
+    name = "events"
+    state = L3State.OK  # events cannot tell an outage: see the class docstring
+
+    def __init__(self, index: KvIndex) -> None:
+        self.index = index
+        self.stats = L3Stats({"hit": 0, "miss": 0})
+
+    async def lookup(self, prefix: str, features: RequestFeatures) -> int | None:
+        n = self.index.l3_match(features.page_hashes, features.page_size)
+        self.stats.lookups["hit" if n else "miss"] += 1
+        return n
