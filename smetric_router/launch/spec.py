@@ -21,6 +21,9 @@ class RouterSpec:
     policy: str = "smetric"
     overload: float = 2.0
     hit_ratio: float = 0.5
+    # With global_tier: mooncake, where the router's L3 hits come from: master (the master's HTTP
+    # API), events (the fork's L3 KV events, patches/), off. Without a global tier: ignored.
+    l3_view: str = "master"
     extra_args: tuple[str, ...] = ()
 
 
@@ -167,6 +170,10 @@ def validate(spec: ClusterSpec) -> None:
         raise ValueError(f"workers.kind {w.kind!r} is unknown; known: {', '.join(KINDS)}")
     if w.count < 1:
         raise ValueError("workers.count must be >= 1")
+    if spec.router.l3_view not in ("off", "master", "events"):
+        raise ValueError(
+            f"router.l3_view must be off, master or events, not {spec.router.l3_view!r}"
+        )
     if spec.pd is not None and (spec.pd.prefill < 1 or spec.pd.decode < 1):
         raise ValueError("pd.prefill and pd.decode must be >= 1")
     if s.device not in ("cpu", "cuda"):

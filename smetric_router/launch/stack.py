@@ -54,6 +54,11 @@ def router_args(spec: ClusterSpec, workers: list[WorkerLaunch]) -> list[str]:
     if spec.workers.kind == "sglang":
         # the router must tokenize as the workers do
         args += ["--tokenizer-path", tokenizer_path(spec.sglang)]
+    m = spec.mooncake
+    if m is not None and r.l3_view != "off":
+        args += ["--l3-view", r.l3_view]
+        if r.l3_view == "master":
+            args += ["--mooncake-master-url", f"http://{m.host}:{m.metrics_port}"]
     if pd is None:
         args += ["--policy", r.policy, "--worker-urls", *(w.url for w in workers)]
         return args + list(r.extra_args)

@@ -8,13 +8,19 @@ from smetric_router.core.types import ClusterView, RequestFeatures, WorkerView
 
 
 def w(
-    load: float = 0, hit: int = 0, healthy: bool = True, text_match: int = 0, tree: int = 0
+    load: float = 0,
+    hit: int = 0,
+    healthy: bool = True,
+    text_match: int = 0,
+    tree: int = 0,
+    l3: int | None = 0,
 ) -> WorkerView:
     return WorkerView(
         url="",
         load=load,
         hit=hit,
         gpu_hit=hit,
+        l3_hit=l3,
         healthy=healthy,
         text_match=text_match,
         text_tree_size=tree,
