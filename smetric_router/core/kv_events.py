@@ -15,6 +15,9 @@ import msgspec
 
 GPU = "GPU"
 CPU_PINNED = "CPU_PINNED"
+# HiCache L3 storage (Mooncake): SGLang's StorageMedium.EXTERNAL, sent by the fork's L3 patch
+# (patches/sglang-0.5.23-smetric-l3-events.patch), never by stock SGLang 0.5.23
+EXTERNAL = "EXTERNAL"
 
 
 class KVCacheEvent(msgspec.Struct, tag=True, omit_defaults=True, gc=False):

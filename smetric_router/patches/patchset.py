@@ -34,12 +34,14 @@ class PatchFile:
 
 
 def load_patch_dir(patch_dir: Path) -> list[PatchFile]:
-    """Every ``*.patch`` in the folder, by name; no two may touch the same file (each file's state
-    is read against one patch only)."""
+    """Every ``*.patch`` in the folder, by name. Two may touch the same file only in separate
+    places: no line of the unpatched file may lie in a hunk (context included) of both. Each
+    patch's section of that file then applies, and reads as applied or not, whether or not the
+    other's is applied (``patch`` finds the unchanged context at its new offset)."""
     if not patch_dir.is_dir():
         raise PatchSetError(f"patch folder not found: {patch_dir}")
     patches: list[PatchFile] = []
-    owner: dict[str, str] = {}
+    seen: dict[str, list[tuple[str, FileSection]]] = {}
     for path in sorted(patch_dir.glob("*.patch")):
         m = _NAME.match(path.name)
         if m is None:
@@ -49,9 +51,12 @@ def load_patch_dir(patch_dir: Path) -> list[PatchFile]:
         except ValueError as exc:
             raise PatchSetError(f"{path.name}: {exc}") from exc
         for s in sections:
-            if s.path in owner:
-                raise PatchSetError(f"{s.path} is touched by both {owner[s.path]} and {path.name}")
-            owner[s.path] = path.name
+            for other, o in seen.get(s.path, []):
+                if s.overlaps(o):
+                    raise PatchSetError(
+                        f"{s.path}: {other} and {path.name} change overlapping lines"
+                    )
+            seen.setdefault(s.path, []).append((path.name, s))
         patches.append(PatchFile(path=path, version=m[1], sections=sections))
     if not patches:
         raise PatchSetError(f"no *.patch files in {patch_dir}")

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 
 class DiffError(ValueError):
@@ -20,6 +20,12 @@ class FileSection:
     path: str  # relative to site-packages, from the ``+++ b/...`` header (``-p1``)
     text: str
     hunks: int
+    # per hunk, the first and last line of the unpatched file it covers (context included)
+    old_lines: tuple[tuple[int, int], ...] = ()
+
+    def overlaps(self, other: FileSection) -> bool:
+        """Whether a hunk of each covers a common line of the unpatched file."""
+        return any(a <= d and c <= b for a, b in self.old_lines for c, d in other.old_lines)
 
 
 def _header_path(line: str, marker: str, lineno: int) -> str:
@@ -33,13 +39,15 @@ def _header_path(line: str, marker: str, lineno: int) -> str:
     return str(path)
 
 
-def _hunk_end(lines: list[str], start: int) -> int:
-    """Index just past the hunk whose ``@@`` header is at ``start``."""
+def _hunk_end(lines: list[str], start: int) -> tuple[int, tuple[int, int]]:
+    """Index just past the hunk whose ``@@`` header is at ``start``, and the lines of the
+    unpatched file it covers."""
     m = _HUNK.match(lines[start])
     if m is None:
         raise DiffError(f"line {start + 1}: expected a hunk header: {lines[start]!r}")
-    old_left = int(m[1] if m[1] is not None else 1)
-    new_left = int(m[2] if m[2] is not None else 1)
+    old_left = int(m[2] if m[2] is not None else 1)
+    new_left = int(m[3] if m[3] is not None else 1)
+    covered = (int(m[1]), int(m[1]) + old_left - 1)
     i = start + 1
     while old_left or new_left:
         if i >= len(lines):
@@ -57,7 +65,7 @@ def _hunk_end(lines: list[str], start: int) -> int:
         i += 1
     while i < len(lines) and lines[i].startswith("\\"):
         i += 1
-    return i
+    return i, covered
 
 
 def split_sections(text: str) -> list[FileSection]:
@@ -77,13 +85,15 @@ def split_sections(text: str) -> list[FileSection]:
         new = _header_path(lines[i + 1], "+++ ", i + 2)
         if old != new:
             raise DiffError(f"line {i + 1}: renames are not supported ({old} -> {new})")
-        start, i, hunks = i, i + 2, 0
+        start, i = i, i + 2
+        covered: list[tuple[int, int]] = []
         while i < len(lines) and lines[i].startswith("@@"):
-            i = _hunk_end(lines, i)
-            hunks += 1
-        if hunks == 0:
+            i, span = _hunk_end(lines, i)
+            covered.append(span)
+        if not covered:
             raise DiffError(f"line {start + 1}: {new} has no hunk")
-        sections.append(FileSection(path=new, text="".join(lines[start:i]), hunks=hunks))
+        text = "".join(lines[start:i])
+        sections.append(FileSection(new, text, len(covered), tuple(covered)))
     if not sections:
         raise DiffError("no file sections")
     paths = [s.path for s in sections]

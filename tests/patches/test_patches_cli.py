@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from smetric_router.patches import cli
-from smetric_router.patches.patchset import default_patch_dir, load_patch_dir
+from smetric_router.patches.patchset import PatchSetError, default_patch_dir, load_patch_dir
 from smetric_router.patches.unified_diff import DiffError, split_sections
 from tests.sglang_env import run_sglang
 
@@ -93,10 +93,74 @@ def test_split_sections_rejects_bad_diffs() -> None:
         split_sections("just words\n")
 
 
+REPO_PATCHES = {  # file name -> files it touches
+    "sglang-0.5.23-smetric-l3-events.patch": 2,
+    "sglang-0.5.23-smetric-prefix-probe.patch": 7,
+}
+PROBE = "sglang-0.5.23-smetric-prefix-probe.patch"
+
+
 def test_the_repo_patch_set_loads() -> None:
-    (patch,) = load_patch_dir(default_patch_dir())
-    assert patch.version == "0.5.23"
-    assert len(patch.sections) == 7
+    patches = load_patch_dir(default_patch_dir())
+    assert {p.name: len(p.sections) for p in patches} == REPO_PATCHES
+    assert {p.version for p in patches} == {"0.5.23"}
+    # both change unified_radix_cache.py, in separate places
+    shared = [s for p in patches for s in p.sections if s.path.endswith("unified_radix_cache.py")]
+    assert len(shared) == 2 and not shared[0].overlaps(shared[1])
+
+
+# Two patches over one file: one adds after line 3, the other after line 17 (hunks 1-6, 15-20).
+SECOND = "sglang-0.5.23-other.patch"
+NEW_FIRST = ORIG["sglang/srt/one.py"].replace("line 3\n", "line 3\nadded 3b\n")
+NEW_SECOND = ORIG["sglang/srt/one.py"].replace("line 17\n", "line 17\nadded 17b\n")
+
+
+@pytest.fixture
+def two_patch_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "two"
+    d.mkdir()
+    one = {"sglang/srt/one.py": ORIG["sglang/srt/one.py"]}
+    (d / PATCH_NAME).write_text(make_diff(one, {"sglang/srt/one.py": NEW_FIRST}))
+    (d / SECOND).write_text(make_diff(one, {"sglang/srt/one.py": NEW_SECOND}))
+    return d
+
+
+def test_two_patches_may_change_one_file_in_separate_places(
+    site: Path, two_patch_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each applies, reads as applied and reverts whether or not the other is applied."""
+    path = site / "sglang/srt/one.py"
+    both = NEW_FIRST.replace("line 17\n", "line 17\nadded 17b\n")
+    only_second = tmp_path / "only_second"
+    only_second.mkdir()
+    (only_second / SECOND).write_text((two_patch_dir / SECOND).read_text())
+
+    code, out = run(capsys, "apply", "--site-dir", str(site), "--patch-dir", str(only_second))
+    assert code == cli.EXIT_OK and path.read_text() == NEW_SECOND
+    args = ("--site-dir", str(site), "--patch-dir", str(two_patch_dir))
+    code, out = run(capsys, "check", *args)
+    assert code == cli.EXIT_NOT_APPLIED
+    assert f"{PATCH_NAME}: not applied (0/1 files applied)" in out
+    assert f"{SECOND}: applied (1/1 files applied)" in out
+    code, out = run(capsys, "apply", *args)
+    assert code == cli.EXIT_OK and path.read_text() == both
+    code, out = run(capsys, "check", *args)
+    assert code == cli.EXIT_OK
+    code, out = run(capsys, "revert", "--site-dir", str(site), "--patch-dir", str(only_second))
+    assert code == cli.EXIT_OK and path.read_text() == NEW_FIRST
+    code, out = run(capsys, "revert", *args)
+    assert code == cli.EXIT_OK and path.read_text() == ORIG["sglang/srt/one.py"]
+
+
+def test_two_patches_changing_the_same_lines_are_refused(tmp_path: Path) -> None:
+    d = tmp_path / "clash"
+    d.mkdir()
+    one = {"sglang/srt/one.py": ORIG["sglang/srt/one.py"]}
+    near = ORIG["sglang/srt/one.py"].replace("line 12\n", "line 12\nadded 12b\n")
+    (d / PATCH_NAME).write_text(make_diff(ORIG, NEW))  # adds after line 10: hunk 8-13
+    (d / SECOND).write_text(make_diff(one, {"sglang/srt/one.py": near}))  # hunk 10-15
+    with pytest.raises(PatchSetError, match="change overlapping lines"):
+        load_patch_dir(d)
 
 
 def test_check_apply_revert_cycle(site: Path, patch_dir: Path, capsys: pytest.CaptureFixture[str]):
@@ -230,25 +294,33 @@ def cli_in_sglang(*args: str) -> tuple[int, str]:
 @pytest.mark.sglang
 def test_cli_on_the_sglang_env(sglang_patched: Path) -> None:
     """check per file, apply idempotent, revert -> not applied, apply again; ends APPLIED."""
-    files = {s.path for s in load_patch_dir(default_patch_dir())[0].sections}
+    files = {s.path for p in load_patch_dir(default_patch_dir()) for s in p.sections}
     try:
         code, out = cli_in_sglang("check")
         assert code == 0, out
         assert "sglang 0.5.23 at " in out
         assert states(out) == {p: "applied" for p in files}
         code, out = cli_in_sglang("apply")
-        assert code == 0 and "already applied (7 files), nothing to do" in out, out
+        assert code == 0, out
+        for name, n in REPO_PATCHES.items():
+            assert f"{name}: already applied ({n} files), nothing to do" in out, out
 
         code, out = cli_in_sglang("revert")
-        assert code == 0 and "reverted 7 of 7 files" in out, out
+        assert code == 0, out
+        for name, n in REPO_PATCHES.items():
+            assert f"{name}: reverted {n} of {n} files" in out, out
         code, out = cli_in_sglang("check")
         assert code == cli.EXIT_NOT_APPLIED, out
         assert states(out) == {p: "not applied" for p in files}
         code, out = cli_in_sglang("revert")
-        assert code == 0 and "already not applied (7 files), nothing to do" in out, out
+        assert code == 0, out
+        for name, n in REPO_PATCHES.items():
+            assert f"{name}: already not applied ({n} files), nothing to do" in out, out
     finally:
         code, out = cli_in_sglang("apply")
-    assert code == 0 and "applied 7 of 7 files" in out, out
+    assert code == 0, out
+    for name, n in REPO_PATCHES.items():
+        assert f"{name}: applied {n} of {n} files" in out, out
     code, out = cli_in_sglang("check")
     assert code == 0 and states(out) == {p: "applied" for p in files}, out
 
@@ -257,7 +329,7 @@ def test_cli_on_the_sglang_env(sglang_patched: Path) -> None:
 def test_cli_conflict_on_the_sglang_env(sglang_patched: Path, tmp_path: Path) -> None:
     """A variant of the patch that differs in one added line: that file is in conflict with the
     applied install, the others read as applied, and apply refuses without touching anything."""
-    (real,) = default_patch_dir().glob("*.patch")
+    real = default_patch_dir() / PROBE
     text = real.read_text()
     old = "+    # and on device or host (Optional for tree caches that cannot tell).\n"
     assert text.count(old) == 1

@@ -20,6 +20,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  #
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components import ComponentType  # noqa: E402
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
+from sglang.srt.runtime_context import get_parallel  # noqa: E402
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -29,10 +30,14 @@ A = list(range(1, 17))  # 4 pages
 B = list(range(1, 9)) + list(range(50, 58))  # shares A's first 2 pages
 
 
-def build(backend: str | None, *, hicache: bool, size: int = 256) -> tuple[UnifiedRadixCache, Any]:
+def build(
+    backend: str | None, *, hicache: bool, size: int = 256, storage_dir: str | None = None,
+    events: bool = True,
+) -> tuple[UnifiedRadixCache, Any]:  # fmt: skip
     """A cache with its allocator. ``backend`` None takes SGLang's default tree core (Rust, or
     SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND). HiCache: write-through to a host pool twice the
-    device pool, direct copies (the CPU stand-in for sgl_kernel's)."""
+    device pool, direct copies (the CPU stand-in for sgl_kernel's); with ``storage_dir``, an L3
+    behind it: SGLang's own file storage backend in that folder."""
     args = ServerArgs(
         model_path="dummy",
         device="cpu",
@@ -42,8 +47,14 @@ def build(backend: str | None, *, hicache: bool, size: int = 256) -> tuple[Unifi
         hicache_io_backend="direct",
         hicache_mem_layout="layer_first",
         hicache_write_policy="write_through",
+        hicache_storage_backend="file" if storage_dir else None,
+        file_storage_path=storage_dir,
     )
     set_global_server_args_for_scheduler(args)
+    if storage_dir:  # the storage controller reads this rank's place in TP/PP/CP
+        get_parallel().override_permanently(
+            tp_rank=0, pp_rank=0, attn_cp_rank=0, attn_tp_rank=0, attn_dp_rank=0, attn_dcp_rank=0
+        )
     kv = MHATokenToKVPool(
         size=size, page_size=PAGE, dtype=torch.bfloat16, head_num=1, head_dim=8, layer_num=2,
         device="cpu", enable_memory_saver=False,
@@ -59,7 +70,7 @@ def build(backend: str | None, *, hicache: bool, size: int = 256) -> tuple[Unifi
         token_to_kv_pool_allocator=alloc,
         page_size=PAGE,
         tree_components=(ComponentType.FULL,),
-        enable_kv_cache_events=True,
+        enable_kv_cache_events=events,
         tree_core_backend=backend,
     )
     cache = UnifiedRadixCache(params=params)
