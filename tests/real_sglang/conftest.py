@@ -11,13 +11,23 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from smetric_router.launch import ClusterSpec, RouterSpec, SglangSpec, Stack, WorkerSpec
+from smetric_router.launch import (
+    ClusterSpec,
+    MooncakeSpec,
+    RouterSpec,
+    SglangSpec,
+    Stack,
+    WorkerSpec,
+)
 from smetric_router.launch.kinds.sglang import TINY_MODEL_NAME
-from tests.sglang_env import require_sglang_python
+from smetric_router.launch.ports import free_ports
+from tests.sglang_env import require_sglang_python, run_sglang_script
 
 pytestmark = pytest.mark.sglang
 
@@ -67,3 +77,74 @@ def flush(stack: Stack) -> None:
     """Empty every worker's cache (SGLang emits AllBlocksCleared), so each test starts cold."""
     out = post_json(stack.url + "/flush_cache", {})
     assert all(r["status"] == 200 for r in out["results"].values()), out
+
+
+# --- Mooncake as L3: one stack shared by the modules that use it ----------------------------------
+
+PAGE = 16
+L3_KEYS_SCRIPT = Path(__file__).parent / "sglang_scripts" / "l3_keys.py"
+_mooncake: dict[str, Any] = {}  # "stack": the running Stack, or "error": why it did not start
+
+
+def _stop_mooncake() -> None:
+    stack = _mooncake.pop("stack", None)
+    if stack is not None:
+        stack.stop()
+
+
+@pytest.fixture
+def mooncake_stack() -> Stack:
+    """A local mooncake_master (free loopback ports) started first by the launcher, then 2 workers
+    with `--hicache-storage-backend mooncake`, then the router. Started by the first test that asks
+    (~1 min) and shared by the next ones, whatever their module; stopped before a module that does
+    not use it (so it never runs beside another real-SGLang stack) or at the end of the session."""
+    require_sglang_python()
+    if "error" in _mooncake:
+        pytest.fail(f"the Mooncake stack did not start: {_mooncake['error']}")
+    if "stack" not in _mooncake:
+        rpc, http, metrics = free_ports(3)
+        spec = replace(
+            sglang_spec(hicache_storage_backend="mooncake"),
+            mooncake=MooncakeSpec(rpc_port=rpc, http_metadata_port=http, metrics_port=metrics,
+                                  global_segment_size=str(256 << 20)),
+        )  # fmt: skip
+        try:
+            _mooncake["stack"] = Stack(spec).__enter__()
+        except Exception as exc:
+            _mooncake["error"] = repr(exc)
+            raise
+    stack: Stack = _mooncake["stack"]
+    return stack
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _mooncake_stack_only_while_used(request: pytest.FixtureRequest) -> None:
+    mine = [i for i in request.session.items if getattr(i, "module", None) is request.module]
+    if not any("mooncake_stack" in getattr(i, "fixturenames", ()) for i in mine):
+        _stop_mooncake()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mooncake_stack_stopped_at_the_end() -> Iterator[None]:
+    yield
+    _stop_mooncake()
+
+
+def l3_pages(stack: Stack, ids: list[int]) -> list[int]:
+    """Per full page of `ids`: 1 when both its K and V objects are in the store (asked by a
+    separate pure Mooncake client, sglang_scripts/l3_keys.py)."""
+    m = stack.spec.mooncake
+    assert m is not None
+    arg = {"master": f"{m.host}:{m.rpc_port}", "page_size": PAGE, "prefix": MODEL,
+           "metadata": f"http://{m.host}:{m.http_metadata_port}/metadata",
+           "token_ids": ids}  # fmt: skip
+    out = run_sglang_script(L3_KEYS_SCRIPT, json.dumps(arg), timeout=120)
+    exist: list[int] = out["exist"]
+    return [int(exist[i] == 1 and exist[i + 1] == 1) for i in range(0, len(exist), 2)]
+
+
+def generate(url: str, ids: list[int]) -> dict[str, Any]:
+    """One /generate of token ids (1 new token, greedy); its meta_info."""
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    meta: dict[str, Any] = post_json(f"{url}/generate", body, timeout=120)["meta_info"]
+    return meta
