@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from smetric_router.core.kv_events import (
     CPU_PINNED,
+    EXTERNAL,
     GPU,
     AllBlocksCleared,
     BlockRemoved,
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 _GPU = 1
 _HOST = 2
 # The fork's L3 events (patches/): a page written to (or removed from) the shared global store.
-L3_MEDIUM = "L3"
+L3_MEDIUM = EXTERNAL
 
 
 def _tier(medium: str | None) -> int | None:
