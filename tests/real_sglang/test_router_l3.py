@@ -1,0 +1,181 @@
+"""The router's L3 view over 2 real SGLang 0.5.23 workers with Mooncake as HiCache's L3 (CPU, tiny
+model; conftest's shared `mooncake_stack`, whose router runs `--l3-view master` as the launcher
+sets it for a `global_tier: mooncake` cluster).
+
+- What the router reports in L3 for a prompt equals what the master holds for it (the master's own
+  HTTP API, asked before the request, with the store quiet).
+- A session whose worker flushed its cache and left is served by the other worker from L3: the
+  router says `tier=l3` and SGLang's cached_tokens_details show the storage hit.
+- The master killed and restarted mid-run: every request answered, `l3=unknown` while it is down,
+  the outage and the reset in the router's metrics. (Last in this file: the store is empty after.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from smetric_router.cluster.l3_view import page_stems
+from smetric_router.features.chat_tokenizer import load_chat_tokenizer
+from smetric_router.features.extract import FeatureExtractor
+from smetric_router.launch import Stack
+from smetric_router.launch.kinds.sglang import tokenizer_path
+from smetric_router.launch.stack import MASTER
+from tests.real_sglang.conftest import MODEL, PAGE, get_json, post_json
+
+pytestmark = pytest.mark.sglang
+
+SYSTEM = "You are a coding agent working in a large repository; answer with one tool call. " * 12
+
+
+def master_url(stack: Stack) -> str:
+    m = stack.spec.mooncake
+    assert m is not None
+    return f"http://{m.host}:{m.metrics_port}"
+
+
+def leading_in_master(stack: Stack, digests: bytes) -> int:
+    """Leading pages whose K and V objects the master holds, from its own /batch_query_keys."""
+    n = 0
+    for stem in page_stems(MODEL, digests, 0):
+        keys = urllib.parse.quote(f"{stem}_k,{stem}_v", safe=",")
+        with urllib.request.urlopen(f"{master_url(stack)}/batch_query_keys?keys={keys}") as r:
+            data = json.load(r)["data"]
+        if not all(v["ok"] for v in data.values()):
+            break
+        n += 1
+    return n
+
+
+def quiet_store(stack: Stack, timeout: float = 60) -> None:
+    """Wait until the master's key count stops moving (write-through of earlier requests done)."""
+    deadline, last, stable = time.monotonic() + timeout, -1, 0
+    while time.monotonic() < deadline and stable < 3:
+        with urllib.request.urlopen(master_url(stack) + "/metrics") as r:
+            m = re.search(rb"^master_key_count (\d+)", r.read(), re.M)
+        count = int(m.group(1)) if m else -1
+        stable = stable + 1 if count == last else 0
+        last = count
+        time.sleep(0.5)
+    assert stable >= 3, "the store kept changing"
+
+
+def chat(stack: Stack, messages: list[dict[str, Any]]) -> tuple[dict[str, str], Any]:
+    client = OpenAI(base_url=stack.url + "/v1", api_key="-", max_retries=0, timeout=180)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=8, temperature=0,  # type: ignore[arg-type]
+        extra_body={"return_cached_tokens_details": True},
+    )  # fmt: skip
+    reply = raw.parse()
+    keys = ("x-smetric-worker", "x-smetric-reason", "x-smetric-hit", "x-smetric-tier")
+    return {k: raw.headers[k] for k in keys}, reply
+
+
+def l3_of(headers: dict[str, str]) -> str:
+    m = re.search(r"l3=(\w+)", headers["x-smetric-hit"])
+    assert m, headers
+    return m.group(1)
+
+
+def metric(stack: Stack, name: str) -> float:
+    with urllib.request.urlopen(stack.url + "/metrics") as r:
+        m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", r.read().decode(), re.M)
+    assert m, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
+def features(stack: Stack) -> FeatureExtractor:
+    chat_tok = load_chat_tokenizer(tokenizer_path(stack.spec.sglang), None)
+    return FeatureExtractor(chat_tok, PAGE, keep_digests=True)
+
+
+def test_router_l3_view_equals_the_masters_contents(mooncake_stack: Stack) -> None:
+    stack = mooncake_stack
+    conv: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Session A: find the failing test."},
+    ]
+    headers, reply = chat(stack, conv)
+    conv += [{"role": "assistant", "content": reply.choices[0].message.content},
+             {"role": "user", "content": "Run it again with -x and show the output."}]  # fmt: skip
+    quiet_store(stack)
+    f = features(stack).from_chat({"model": MODEL, "messages": conv})
+    expected = leading_in_master(stack, f.page_digests)
+    assert expected >= 16  # the first turn's prompt was written through
+    headers, _ = chat(stack, conv)
+    assert l3_of(headers) == str(expected * PAGE), (headers, expected)
+
+
+def test_session_whose_worker_flushed_and_left_is_served_elsewhere_from_l3(
+    mooncake_stack: Stack,
+) -> None:
+    stack = mooncake_stack
+    conv: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Session B: list the modules that import the cache."},
+    ]
+    headers, reply = chat(stack, conv)
+    first = headers["x-smetric-worker"]
+    conv += [{"role": "assistant", "content": reply.choices[0].message.content},
+             {"role": "user", "content": "Open the first one."}]  # fmt: skip
+    quiet_store(stack)
+    flushed = urllib.request.Request(f"{first}/flush_cache", b"", method="POST")
+    assert urllib.request.urlopen(flushed).status == 200
+    req = urllib.request.Request(
+        f"{stack.url}/workers?url={urllib.parse.quote(first, safe='')}", method="DELETE"
+    )
+    urllib.request.urlopen(req).read()
+    try:
+        headers, reply = chat(stack, conv)
+    finally:
+        post_json(stack.url + "/workers", {"url": first})
+    assert headers["x-smetric-worker"] != first
+    assert headers["x-smetric-tier"] == "l3", headers
+    l3 = int(l3_of(headers))
+    details = (reply.model_extra or {}).get("sglext", {}).get("cached_tokens_details") or {}
+    # SGLang loaded the history from the store: its storage hit is what the router saw in L3
+    # (less what the worker held locally: the shared system prompt, if it served it before).
+    assert details.get("storage", 0) > 0, details
+    assert details.get("storage", 0) + details.get("device", 0) + details.get("host", 0) >= l3
+    assert reply.usage.prompt_tokens_details.cached_tokens >= l3
+
+
+def test_master_killed_and_restarted_mid_run(mooncake_stack: Stack) -> None:
+    stack = mooncake_stack
+    master = next(c for c in stack.children if c.name == MASTER and c.proc is not None)
+    conv: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Session C: summarize the open issues."},
+    ]
+    seen: list[str] = []
+    for turn in range(6):
+        if turn == 2:  # master gone: its keys and its HTTP API with it
+            assert master.proc is not None
+            master.proc.kill()
+            master.proc.wait(10)
+            deadline = time.monotonic() + 10
+            while metric(stack, "smetric_l3_known") != 0.0 and time.monotonic() < deadline:
+                time.sleep(0.2)
+        if turn == 4:
+            stack.start_mooncake()
+            deadline = time.monotonic() + 30
+            while metric(stack, "smetric_l3_known") != 1.0 and time.monotonic() < deadline:
+                time.sleep(0.2)
+        headers, reply = chat(stack, conv)  # answered whatever the store's state
+        seen.append(l3_of(headers))
+        conv += [{"role": "assistant", "content": reply.choices[0].message.content},
+                 {"role": "user", "content": f"Next step {turn}."}]  # fmt: skip
+    assert seen[2] == seen[3] == "unknown", seen
+    assert seen[4] != "unknown" and seen[5] != "unknown", seen
+    assert metric(stack, "smetric_l3_outages_total") >= 1
+    assert metric(stack, "smetric_l3_resets_total") >= 1
+    assert metric(stack, "smetric_l3_known") == 1.0
+    workers = get_json(stack.url + "/workers")["workers"]
+    assert all(w["healthy"] for w in workers), workers
