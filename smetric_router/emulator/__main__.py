@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -19,12 +20,14 @@ from smetric_router.emulator.config import (
     DEFAULT_MODEL_NAME,
     DEFAULT_OPENAI_MAX_TOKENS,
     DEFAULT_TRANSFER_GBPS,
+    GLOBAL_TIERS,
     NOTICE,
     ROLES,
     SGLANG_VERSION,
     EmulatorConfig,
 )
 from smetric_router.emulator.kv_config import KvEventsConfig
+from smetric_router.emulator.mooncake_tier import MooncakeTier, TierError, TierOptions, open_tier
 from smetric_router.emulator.server import EMULATOR, make_app, start_server
 from smetric_router.emulator.tokenizer import DEFAULT_TOKENIZER_DIR, load_tokenizer
 from smetric_router.engine.api import EngineConfig
@@ -139,8 +142,46 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_DECODE_KV_TIMEOUT_S,
         help="decode: wall seconds to wait for a request's KV before failing it",
     )
+    t = TierOptions()
+    gt = p.add_argument_group(
+        "global KV tier",
+        "mooncake: HiCache's L3 in a real Mooncake store, under SGLang's keys; the client is set "
+        "up from the MOONCAKE_* environment SGLang's MooncakeStore reads (MOONCAKE_MASTER, "
+        "MOONCAKE_TE_META_DATA_SERVER, MOONCAKE_PROTOCOL, MOONCAKE_DEVICE, "
+        "MOONCAKE_GLOBAL_SEGMENT_SIZE, MOONCAKE_LOCAL_HOSTNAME; MC_TCP_BIND_ADDRESS for tcp)",
+    )
+    gt.add_argument(
+        "--global-tier",
+        choices=GLOBAL_TIERS,
+        default="none",
+        help="the engine's global KV tier (not on a decode instance)",
+    )
+    gt.add_argument(
+        "--mooncake-payload-bytes",
+        type=int,
+        default=t.payload_bytes,
+        help="bytes stored per page and K/V object (scaled down: the fetch time is modelled)",
+    )
+    gt.add_argument(
+        "--mooncake-query-timeout-secs",
+        type=float,
+        default=t.query_timeout_s,
+        help="the longest a request waits for the store to say which of its pages it holds "
+        "(then it is served as a miss)",
+    )
+    gt.add_argument(
+        "--mooncake-connect-timeout-secs",
+        type=float,
+        default=t.connect_timeout_s,
+        help="start-up fails when the master's RPC port does not answer within this",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
+    if args.global_tier == "mooncake":
+        if args.role == "decode":
+            p.error("--global-tier mooncake: a decode instance has no HiCache storage tier")
+        if args.mooncake_payload_bytes <= 0 or args.mooncake_query_timeout_secs <= 0:
+            p.error("--mooncake-payload-bytes and --mooncake-query-timeout-secs must be positive")
     if args.speedup <= 0:
         p.error("--speedup must be positive")
     if args.transfer_gbps <= 0 or args.decode_kv_timeout_secs <= 0:
@@ -173,6 +214,12 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         bootstrap_port=args.disaggregation_bootstrap_port,
         transfer_gbps=args.transfer_gbps,
         decode_kv_timeout_s=args.decode_kv_timeout_secs,
+        global_tier=args.global_tier,
+        mooncake=TierOptions(
+            payload_bytes=args.mooncake_payload_bytes,
+            query_timeout_s=args.mooncake_query_timeout_secs,
+            connect_timeout_s=args.mooncake_connect_timeout_secs,
+        ),
         engine=EngineConfig(
             page_size=args.page_size,
             gpu_kv_tokens=args.gpu_kv_tokens,
@@ -211,7 +258,10 @@ async def start_bound(app: web.Application) -> tuple[web.AppRunner, dict[str, in
 
 async def serve(config: EmulatorConfig, port_file: str | None = None) -> None:
     tokenizer = load_tokenizer(config.tokenizer_path, config.chat_template)
-    app = make_app(config, Engine(config.engine), tokenizer)
+    tier: MooncakeTier | None = None
+    if config.global_tier == "mooncake":
+        tier = await open_tier(config.model_name, config.engine.page_size, config.mooncake)
+    app = make_app(config, Engine(config.engine, tier), tokenizer, tier)
     runner, ports = await start_bound(app)
     if port_file is not None:
         write_port_file(port_file, ports)
@@ -235,9 +285,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config, args.port_file))
+        run = asyncio.run
     else:
-        uvloop.run(serve(config, args.port_file))
+        run = uvloop.run
+    try:
+        run(serve(config, args.port_file))
+    except TierError as exc:
+        sys.exit(f"emulated worker: {exc}")
 
 
 if __name__ == "__main__":

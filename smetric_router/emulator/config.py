@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from smetric_router.emulator.kv_config import KvEventsConfig
+from smetric_router.emulator.mooncake_tier import TierOptions
 from smetric_router.engine.api import EngineConfig
 
 NOTICE = (
@@ -22,6 +23,8 @@ DEFAULT_DECODE_KV_TIMEOUT_S = 300.0
 
 Role = Literal["null", "prefill", "decode"]  # SGLang's --disaggregation-mode; null = colocated
 ROLES: tuple[Role, ...] = ("null", "prefill", "decode")
+GlobalTierKind = Literal["none", "mooncake"]
+GLOBAL_TIERS: tuple[GlobalTierKind, ...] = ("none", "mooncake")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,8 @@ class EmulatorConfig:
     transfer_gbps: float = DEFAULT_TRANSFER_GBPS  # the modelled prefill -> decode KV link
     decode_kv_timeout_s: float = DEFAULT_DECODE_KV_TIMEOUT_S  # decode: wall seconds to wait for KV
     engine: EngineConfig = field(default_factory=EngineConfig)
+    global_tier: GlobalTierKind = "none"  # mooncake: L3 in a real store (MOONCAKE_* environment)
+    mooncake: TierOptions = field(default_factory=TierOptions)
 
     def kv_events(self) -> KvEventsConfig | None:
         """The publisher's settings: --kv-events-config as SGLang reads it, else --kv-events-port

@@ -24,8 +24,10 @@ def cached_details(t: Tracked) -> Json | None:
     if c is None or c.total == 0:
         return None
     d: Json = {"device": c.device, "host": c.host}
-    if c.storage:
+    if c.storage or t.storage_backend is not None:
         d["storage"] = c.storage
+    if t.storage_backend is not None:  # SGLang names its L3 backend whenever it has one
+        d["storage_backend"] = t.storage_backend
     return d
 
 

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from smetric_router.core.kv_events import KVCacheEvent
 from smetric_router.engine.api import CachedTokens, EngineModel, EngineRequest, StepResult
@@ -21,6 +22,15 @@ Publish = Callable[[list[KVCacheEvent]], None]
 
 class DuplicateRid(ValueError):
     pass
+
+
+class Arrivals(Protocol):
+    """What a request does between arriving and entering the engine (a global tier asking its
+    store about the prompt's pages), and the notice that the runner has forgotten it."""
+
+    async def arrive(self, rid: str, input_ids: list[int], output_ids: list[int]) -> None: ...
+
+    def depart(self, rid: str) -> None: ...
 
 
 class EngineFailed(RuntimeError):
@@ -48,7 +58,9 @@ class Tracked:
     abort_message: str | None = None
     error_status: int | None = None  # set with abort_message when the request failed as an error
     on_finish: Callable[[Tracked], None] | None = None  # PD prefill: hands its KV over
-    arrival: asyncio.Task[None] | None = None  # PD decode: waits for the KV, then enters the engine
+    # PD decode: waits for the KV, then enters the engine; with Arrivals: their arrive() first
+    arrival: asyncio.Task[None] | None = None
+    storage_backend: str | None = None  # the L3 backend's name in the cache report, if any
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -86,12 +98,21 @@ class Counters:
 
 
 class EngineRunner:
-    def __init__(self, engine: EngineModel, speedup: float, publish: Publish | None) -> None:
+    def __init__(
+        self,
+        engine: EngineModel,
+        speedup: float,
+        publish: Publish | None,
+        arrivals: Arrivals | None = None,
+        storage_backend: str | None = None,
+    ) -> None:
         if speedup <= 0:
             raise ValueError("speedup must be positive")
         self.engine = engine
         self._speedup = speedup
         self._publish = publish
+        self._arrivals = arrivals
+        self._storage_backend = storage_backend
         self._tracked: dict[str, Tracked] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -125,9 +146,26 @@ class EngineRunner:
     ) -> Tracked:
         t = self._track(rid, input_ids, output_ids, counted)
         t.on_finish = on_finish
-        self.engine.add_request(EngineRequest(rid, input_ids, output_ids))
-        self._wake.set()
+        if self._arrivals is None:
+            self.engine.add_request(EngineRequest(rid, input_ids, output_ids))
+            self._wake.set()
+        else:
+            t.arrival = asyncio.create_task(self._arrive(t, self._arrivals), name=f"arrive-{rid}")
         return t
+
+    async def _arrive(self, t: Tracked, arrivals: Arrivals) -> None:
+        try:
+            await arrivals.arrive(t.rid, t.input_ids, t.output_ids)
+        except Exception:  # the hook only informs the cache report: serve the request anyway
+            log.exception("arrival hook failed for %s", t.rid)
+        if self._tracked.get(t.rid) is not t or t.done:
+            return
+        if self.failure is not None:
+            t.abort_message, t.error_status = f"engine failed: {self.failure}", 503
+            t.changed.set()
+            return
+        self.engine.add_request(EngineRequest(t.rid, t.input_ids, t.output_ids))
+        self._wake.set()
 
     def submit_prefilled(
         self,
@@ -170,7 +208,7 @@ class EngineRunner:
             raise EngineFailed(str(self.failure))
         if rid in self._tracked:
             raise DuplicateRid(f"request id {rid!r} is already in flight")
-        t = Tracked(rid, input_ids, output_ids, counted)
+        t = Tracked(rid, input_ids, output_ids, counted, storage_backend=self._storage_backend)
         self._tracked[rid] = t
         if counted:
             self.counters.requests += 1
@@ -181,6 +219,7 @@ class EngineRunner:
         t = self._tracked.pop(rid, None)
         if t is None:
             return
+        self._forget(rid)
         if t.arrival is not None:
             t.arrival.cancel()
         self.engine.abort(rid)
@@ -198,8 +237,12 @@ class EngineRunner:
         t = self._tracked.get(rid)
         if t is not None and not t.done:
             self.abort(rid, "client went away")
-        else:
-            self._tracked.pop(rid, None)
+        elif self._tracked.pop(rid, None) is not None:
+            self._forget(rid)
+
+    def _forget(self, rid: str) -> None:
+        if self._arrivals is not None:
+            self._arrivals.depart(rid)
 
     async def flush(self, timeout: float) -> bool:
         """Flush the cache once the engine is idle, waiting up to `timeout` seconds for that."""

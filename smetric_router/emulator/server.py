@@ -7,6 +7,7 @@ progress (one SSE chunk per engine step that advanced the request) or wait for t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import math
@@ -47,6 +48,7 @@ from smetric_router.emulator.errors import (
 from smetric_router.emulator.faults import Faults
 from smetric_router.emulator.kv_publisher import KvEventPublisher
 from smetric_router.emulator.metrics import make_registry
+from smetric_router.emulator.mooncake_tier import MooncakeTier
 from smetric_router.emulator.pd import (
     Handover,
     KvTransferError,
@@ -76,10 +78,18 @@ Json = dict[str, Any]
 class Emulator:
     """Everything one worker process holds; lives on the app under EMULATOR."""
 
-    def __init__(self, config: EmulatorConfig, engine: EngineModel, codec: WorkerTokenizer) -> None:
+    def __init__(
+        self,
+        config: EmulatorConfig,
+        engine: EngineModel,
+        codec: WorkerTokenizer,
+        tier: MooncakeTier | None = None,
+    ) -> None:
         self.config = config
         self.codec = codec
-        self.runner = EngineRunner(engine, config.speedup, self._publish)
+        self.tier = tier  # the engine's global tier on a real store (closed with the app)
+        backend = None if tier is None else tier.storage_backend
+        self.runner = EngineRunner(engine, config.speedup, self._publish, tier, backend)
         self.faults = Faults()
         self.registry = make_registry(self.runner, config.model_name)
         self.started = time.time()
@@ -161,6 +171,10 @@ class Emulator:
         if self._publisher is not None:
             self._publisher.close()
             self._publisher = None
+        if self.tier is not None:
+            # waits for calls in flight, then unmounts the segment from the master (~2 s)
+            await asyncio.to_thread(self.tier.close)
+            self.tier = None
 
 
 EMULATOR = web.AppKey("emulator", Emulator)
@@ -650,6 +664,8 @@ def _server_info(em: Emulator) -> Json:
         "max_total_num_tokens": load.max_total_num_tokens,
         "max_req_input_len": load.max_total_num_tokens,
         "enable_hierarchical_cache": ecfg.host_kv_tokens > 0,
+        "hicache_storage_backend": None if em.tier is None else "mooncake",
+        "emulator_global_tier": None if em.tier is None else _tier_info(em.tier),
         "emulator_host_kv_tokens": ecfg.host_kv_tokens,
         "emulator_profile": ecfg.profile,
         "emulator_speedup": cfg.speedup,
@@ -681,6 +697,10 @@ def _server_info(em: Emulator) -> Json:
             "tokenizer_e2e": em.startup_s,
         },
     }
+
+
+def _tier_info(tier: MooncakeTier) -> Json:
+    return {"backend": "mooncake", "up": tier.up, **dataclasses.asdict(tier.stats)}
 
 
 async def server_info(request: web.Request) -> web.Response:
@@ -822,12 +842,15 @@ async def prefix_match(request: web.Request) -> web.Response:
 
 
 def make_app(
-    config: EmulatorConfig, engine: EngineModel, codec: WorkerTokenizer
+    config: EmulatorConfig,
+    engine: EngineModel,
+    codec: WorkerTokenizer,
+    tier: MooncakeTier | None = None,
 ) -> web.Application:
     app = web.Application(
         middlewares=[fastapi_errors, _fault_middleware], client_max_size=64 * 1024**2
     )
-    em = Emulator(config, engine, codec)
+    em = Emulator(config, engine, codec, tier)
     app[EMULATOR] = em
     app.on_response_prepare.append(_drop_content_type)
 

@@ -44,7 +44,7 @@ from smetric_router.engine.api import (
     LoadSnapshot,
     StepResult,
 )
-from smetric_router.engine.global_tier import GlobalTier
+from smetric_router.engine.global_tier import KvTier
 from smetric_router.engine.radix import PageNode, RadixCache
 from smetric_router.engine.timing import TimingModel
 from smetric_router.features.hashing import ChainState, block_hash, page_digests
@@ -86,7 +86,7 @@ class Engine:
     def __init__(
         self,
         config: EngineConfig,
-        global_tier: GlobalTier | None = None,
+        global_tier: KvTier | None = None,
         timing: TimingModel | None = None,
     ) -> None:
         self.config = config

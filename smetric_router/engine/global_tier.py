@@ -5,6 +5,18 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol
+
+
+class KvTier(Protocol):
+    """What the engine asks of a global tier, by page hash; GlobalTier is the in-memory model,
+    the emulator's MooncakeTier a real store."""
+
+    def peek(self, page_hashes: Sequence[int]) -> int: ...
+
+    def lookup(self, page_hashes: Sequence[int]) -> int: ...
+
+    def store(self, page_hashes: Sequence[int]) -> None: ...
 
 
 class GlobalTier:

@@ -29,10 +29,10 @@ pytestmark = pytest.mark.sglang
 SERVER_INFO_KEYS = (
     "model_path", "served_model_name", "tokenizer_path", "host", "port", "page_size",
     "chunked_prefill_size", "max_running_requests", "max_total_num_tokens", "max_req_input_len",
-    "enable_hierarchical_cache", "tp_size", "dp_size", "disaggregation_mode",
-    "disaggregation_bootstrap_port", "disaggregation_transfer_backend", "enable_cache_report",
-    "enable_metrics", "weight_version", "kv_events_config", "kv_events", "internal_states",
-    "version", "startup_time",
+    "enable_hierarchical_cache", "hicache_storage_backend", "tp_size", "dp_size",
+    "disaggregation_mode", "disaggregation_bootstrap_port", "disaggregation_transfer_backend",
+    "enable_cache_report", "enable_metrics", "weight_version", "kv_events_config", "kv_events",
+    "internal_states", "version", "startup_time",
 )  # fmt: skip
 INTERNAL_STATE_KEYS = ("effective_max_running_requests_per_dp", "last_gen_throughput")
 
