@@ -1,5 +1,8 @@
 """Worker kind `emulated`: the emulated SGLang worker (smetric_router.emulator), a test and
-benchmark tool with a modelled H20 engine, started with this interpreter."""
+benchmark tool with a modelled H20 engine, started with this interpreter. With `global_tier:
+mooncake` every worker that has HiCache in SGLang (not a PD decode) keeps its L3 in the spec's
+Mooncake master (`--global-tier mooncake`), set up from the same MOONCAKE_* environment a real
+SGLang worker gets."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from collections.abc import Iterator
 from itertools import count, repeat
 
 from smetric_router.launch.kinds.base import WorkerLaunch
+from smetric_router.launch.kinds.sglang import mooncake_env
 from smetric_router.launch.spec import ClusterSpec
 
 
@@ -28,16 +32,23 @@ def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
     def kv_events() -> tuple[str, ...]:
         return ("--kv-events-port", str(port()), "--kv-events-replay-port", str(port()))
 
+    l3: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    if spec.mooncake is not None:
+        l3 = ("--global-tier", "mooncake")
+        env = tuple(mooncake_env(spec.mooncake, "127.0.0.1").items())
+
     def launch(name: str, http: int, argv: tuple[str, ...], role: str = "null",
                bootstrap: int | None = None) -> WorkerLaunch:  # fmt: skip
         url = f"http://127.0.0.1:{http}"
-        return WorkerLaunch(name, url, argv, role, bootstrap, reports_ports=reports)
+        return WorkerLaunch(name, url, argv, role, bootstrap, env=env if role != "decode" else (),
+                            reports_ports=reports)  # fmt: skip
 
     out = []
     if pd is None:
         for i in range(w.count):
             http = port()
-            argv = (*python, "--port", str(http), *common, *kv_events(), *w.extra_args)
+            argv = (*python, "--port", str(http), *common, *kv_events(), *l3, *w.extra_args)
             out.append(launch(f"worker-{i}", http, argv))
         return out
     for i in range(pd.prefill):
@@ -45,11 +56,12 @@ def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
         events = kv_events()
         bootstrap = port()
         argv = (*python, "--port", str(http), *common, *events,
-                "--role", "prefill", "--disaggregation-bootstrap-port", str(bootstrap),
+                "--role", "prefill", "--disaggregation-bootstrap-port", str(bootstrap), *l3,
                 *w.extra_args, *pd.prefill_extra_args)  # fmt: skip
         out.append(launch(f"prefill-{i}", http, argv, "prefill", bootstrap))
     for i in range(pd.decode):
-        # no KV events: a decode instance's cache is not what the router routes by
+        # no KV events: a decode instance's cache is not what the router routes by; no L3:
+        # SGLang's decode runs without HiCache
         http = port()
         argv = (*python, "--port", str(http), *common, "--role", "decode",
                 "--transfer-gbps", str(pd.transfer_gbps),

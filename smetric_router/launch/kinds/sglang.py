@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from smetric_router.launch.kinds.base import LOCAL_HOSTS, WorkerLaunch
@@ -201,8 +202,12 @@ def mooncake_master_argv(spec: ClusterSpec) -> tuple[str, ...] | None:
         return None
     binary = m.master_binary
     if os.sep not in binary:
-        beside = Path(sglang_python(spec.sglang)).parent / binary
-        if beside.exists():
+        # beside the workers' interpreter: Mooncake's wheel installs it there
+        dirs = [Path(sglang_python(spec.sglang)).parent]
+        if spec.workers.kind == "emulated":
+            dirs.insert(0, Path(sys.executable).parent)
+        beside = next((d / binary for d in dirs if (d / binary).exists()), None)
+        if beside is not None:
             binary = str(beside)
     bind = m.host if m.host not in LOCAL_HOSTS else "127.0.0.1"
     return (binary, f"--rpc_address={bind}", f"--rpc_port={m.rpc_port}",
