@@ -14,10 +14,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from smetric_router.cluster.l3_view import EventsL3, L3State, MasterL3
-from smetric_router.core.types import NoWorkerAvailable
+from smetric_router.core.types import NoWorkerAvailable, RequestFeatures
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
-from smetric_router.features.hashing import page_hashes
+from smetric_router.features.hashing import block_hash, page_digests
 from smetric_router.policies import make_policy
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.errors import RouterError, bad_request, no_worker
@@ -358,7 +358,9 @@ async def handle_list_workers(request: web.Request) -> web.Response:
 
 async def handle_prefix_match(request: web.Request) -> web.Response:
     """What the router's KV-event index says each worker caches of given token ids, per tier, in
-    the shape of the patched workers' /smetric/prefix_match (device; host = device or host)."""
+    the shape of the patched workers' /smetric/prefix_match (device; host = device or host); with
+    --l3-view, also `l3`: per prompt, the leading tokens its L3 source says the global tier holds
+    ("model" in the body names the key prefix, as for a generation request)."""
     state = request.app[STATE]
     try:
         if state.hits is None:
@@ -372,13 +374,23 @@ async def handle_prefix_match(request: web.Request) -> web.Response:
             raise bad_request("'input_ids' must be a list of token ids, or a list of such lists.",
                               param="input_ids")  # fmt: skip
         page_size = state.registry.page_size or DEFAULT_PAGE_SIZE
-        results = []
+        model = _check_model(body, state.registry.models())
+        results, l3 = [], []
         for prompt in prompts:
-            hits = state.hits.match(page_hashes(prompt, page_size), page_size)
+            digests = page_digests(prompt, page_size)
+            hashes = [block_hash(d) for d in digests]
+            hits = state.hits.match(hashes, page_size)
             results.append({w: {"device": g, "host": h} for w, (g, h) in hits.items()})
+            if state.l3 is not None:
+                f = RequestFeatures(len(prompt), hashes, page_size, None, 0, model=model,
+                                    page_digests=b"".join(digests))  # fmt: skip
+                l3.append(await state.router.l3_lookup(f, model))
     except RouterError as e:
         return e.response()
-    return web.json_response({"page_size": page_size, "results": results}, dumps=_dumps)
+    out: dict[str, Any] = {"page_size": page_size, "results": results}
+    if state.l3 is not None:
+        out["l3"] = l3  # per prompt: leading tokens in the global tier, null = unknown
+    return web.json_response(out, dumps=_dumps)
 
 
 async def handle_add_worker(request: web.Request) -> web.Response:

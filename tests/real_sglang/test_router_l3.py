@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,6 +150,57 @@ def test_session_whose_worker_flushed_and_left_is_served_elsewhere_from_l3(
     assert details.get("storage", 0) > 0, details
     assert details.get("storage", 0) + details.get("device", 0) + details.get("host", 0) >= l3
     assert reply.usage.prompt_tokens_details.cached_tokens >= l3
+
+
+@contextmanager
+def events_router(stack: Stack, tmp_path: Path) -> Iterator[str]:
+    """A second router over the same workers whose L3 view is the fork's L3 KV events."""
+    port_file = tmp_path / "router.ports"
+    urls = [w.url for w in stack.workers]
+    argv = [sys.executable, "-m", "smetric_router", "--port", "0", "--port-file", str(port_file),
+            "--log-level", "warning", "--tokenizer-path", tokenizer_path(stack.spec.sglang),
+            "--l3-view", "events", "--worker-urls", *urls]  # fmt: skip
+    proc = subprocess.Popen(argv)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, "the events router exited"
+            time.sleep(0.1)
+        url = f"http://127.0.0.1:{json.loads(port_file.read_text())['http']}"
+        while get_json(url + "/readiness")["status"] != "ready":
+            assert time.monotonic() < deadline, "the events router never got ready"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def l3_answer(router: str, ids: list[int]) -> int | None:
+    out = post_json(router + "/smetric/prefix_match", {"input_ids": ids, "model": MODEL})
+    l3: int | None = out["l3"][0]
+    return l3
+
+
+def test_both_l3_sources_agree_with_the_master(mooncake_stack: Stack, tmp_path: Path) -> None:
+    stack = mooncake_stack
+    with events_router(stack, tmp_path) as events_url:
+        conv: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Session D: rename the helper and fix its callers."},
+        ]
+        chat(stack, conv)
+        quiet_store(stack)
+        body = {"model": MODEL, "messages": conv}
+        ids = features(stack).prompt_token_ids(body)
+        f = features(stack).from_chat(body)
+        held = leading_in_master(stack, f.page_digests) * PAGE
+        assert held >= 16 * PAGE
+        deadline = time.monotonic() + 30  # the write-through's events trail the store's ack
+        while l3_answer(events_url, ids) != held and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert l3_answer(events_url, ids) == held  # the fork's L3 events
+        assert l3_answer(stack.url, ids) == held  # the master's API
 
 
 def test_master_killed_and_restarted_mid_run(mooncake_stack: Stack) -> None:
