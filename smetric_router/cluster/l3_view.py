@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 DIGEST = 32
 # The master answers GETs of ~180 KB URLs; shorter chunks keep each answer small and parallel.
 _KEYS_PER_QUERY = 512
+_MAX_LATE = 4
+_FIRST_RUN = 256  # pages in the first run asked (one round trip for most prompts); then 4x
 # Counters every client's pings and calls move forward; any of them going back is a new master.
 _MONOTONE = ("master_ping_requests_total", "master_mount_segment_requests_total")
 
@@ -49,7 +51,7 @@ class L3Config:
     master_url: str  # http://host:port of mooncake_master's HTTP (metrics) port
     tp_rank: int = 0  # whose keys to ask for (every TP rank writes its own)
     budget_s: float = 0.025  # longest a decision waits for the master
-    ttl_s: float = 2.0  # how long a page seen in L3 is trusted without asking again
+    ttl_s: float = 30.0  # how long a page seen in L3 is trusted without asking again
     max_pages: int = 4096  # pages asked per lookup beyond the cached ones
     health_interval_s: float = 1.0
     cache_pages: int = 1 << 18
@@ -85,6 +87,9 @@ class L3Stats:
     outages: int = 0  # times the master became unreachable
     resets: int = 0  # times the cached view was dropped (outage over, master restarted)
     keys: int | None = None  # the master's key count at the last health check
+    queries: int = 0  # questions put to the master (each asks for the pages not cached)
+    query_keys: int = 0
+    query_seconds: float = 0.0  # their total time, answered or late
 
 
 class MasterL3:
@@ -100,6 +105,8 @@ class MasterL3:
         self._seen: dict[str, float] = {}  # key stem -> trusted until (monotonic)
         self._counters: dict[str, float] = {}
         self._was_ok = False
+        self._late = 0  # lookups past their budget whose answer is still to come
+        self._reset_at = 0.0
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -129,16 +136,25 @@ class MasterL3:
         while known < n and self._seen.get(stems[known], 0.0) > now:
             known += 1
         if known < n:
-            try:
-                held = await asyncio.wait_for(self._held(stems[known:]), self.config.budget_s)
-            except TimeoutError:
+            if self._late >= _MAX_LATE:  # the master is already behind: do not pile on
                 self.stats.lookups["timeout"] += 1
                 return None
+            ask = stems[known:]
+            query = asyncio.ensure_future(self._held(ask))
+            done, _ = await asyncio.wait((query,), timeout=self.config.budget_s)
+            if not done:
+                # Too late for this decision, not for the next: its answer still fills the cache.
+                self._late += 1
+                query.add_done_callback(lambda q: self._absorb_late(q, ask, now))
+                self.stats.lookups["timeout"] += 1
+                return None
+            try:
+                held = query.result()
             except (aiohttp.ClientError, OSError, ValueError) as e:
                 self._down(f"lookup failed: {e!r}")
                 self.stats.lookups["unknown"] += 1
                 return None
-            self._remember(stems[known:], held, now)
+            self._remember(ask[: len(held)], held, now)
             for ok in held:
                 if not ok:
                     break
@@ -147,13 +163,28 @@ class MasterL3:
         return known * features.page_size
 
     async def _held(self, stems: list[str]) -> list[bool]:
-        keys = [s + kv for s in stems for kv in ("_k", "_v")]
-        chunks = [keys[i : i + _KEYS_PER_QUERY] for i in range(0, len(keys), _KEYS_PER_QUERY)]
-        answers = await asyncio.gather(*(self._query(c) for c in chunks))
-        exists: dict[str, bool] = {}
-        for a in answers:
-            exists.update(a)
-        return [exists.get(s + "_k", False) and exists.get(s + "_v", False) for s in stems]
+        """Whether each page is held, for the pages up to the first one that is not: asked in
+        growing runs, since the new turn's pages at the end of every prompt are never there and
+        the master's answer costs per key."""
+        started = time.perf_counter()
+        out: list[bool] = []
+        size = _FIRST_RUN
+        while len(out) < len(stems):
+            run = stems[len(out) : len(out) + size]
+            keys = [s + kv for s in run for kv in ("_k", "_v")]
+            chunks = [keys[i : i + _KEYS_PER_QUERY] for i in range(0, len(keys), _KEYS_PER_QUERY)]
+            exists: dict[str, bool] = {}
+            for answer in await asyncio.gather(*(self._query(c) for c in chunks)):
+                exists.update(answer)
+            self.stats.query_keys += len(keys)
+            held = [exists.get(s + "_k", False) and exists.get(s + "_v", False) for s in run]
+            out += held
+            if not all(held):
+                break
+            size *= 4
+        self.stats.queries += 1
+        self.stats.query_seconds += time.perf_counter() - started
+        return out
 
     async def _query(self, keys: list[str]) -> Mapping[str, bool]:
         assert self._session is not None, "start() first"
@@ -165,6 +196,16 @@ class MasterL3:
             raise ValueError(f"batch_query_keys answered {resp.status}: {raw[:200]!r}")
         data = body.get("data") or {}
         return {k: bool(isinstance(v, dict) and v.get("ok")) for k, v in data.items()}
+
+    def _absorb_late(
+        self, query: asyncio.Future[list[bool]], stems: list[str], asked: float
+    ) -> None:
+        self._late -= 1
+        if query.cancelled() or query.exception() is not None:
+            return
+        if self.state is L3State.OK and asked >= self._reset_at:  # not from before a reset
+            held = query.result()
+            self._remember(stems[: len(held)], held, asked)
 
     def _remember(self, stems: list[str], held: list[bool], now: float) -> None:
         if len(self._seen) > self.config.cache_pages:
@@ -222,6 +263,7 @@ class MasterL3:
 
     def _reset(self) -> None:
         self._seen.clear()
+        self._reset_at = time.monotonic()
         self.stats.resets += 1
 
 

@@ -193,6 +193,9 @@ class RouterState:
             resets=l3.stats.resets,
             keys=l3.stats.keys,
             pages=l3.index.l3_pages if isinstance(l3, EventsL3) else None,
+            queries=l3.stats.queries,
+            query_keys=l3.stats.query_keys,
+            query_seconds=l3.stats.query_seconds,
         )
 
     def sample_workers(self) -> list[WorkerSample]:

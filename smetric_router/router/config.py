@@ -42,7 +42,7 @@ class RouterConfig:
     l3_key_prefix: str | None = None  # None: the served model name, as SGLang's MooncakeStore
     l3_tp_rank: int = 0
     l3_budget_secs: float = 0.025
-    l3_cache_ttl_secs: float = 2.0
+    l3_cache_ttl_secs: float = 30.0
     # PD disaggregation: prefill (URL, bootstrap port or None = discover) and decode instances.
     pd_disaggregation: bool = False
     prefill: tuple[tuple[str, int | None], ...] = ()

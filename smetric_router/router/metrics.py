@@ -85,6 +85,9 @@ class L3Sample:
     resets: int
     keys: int | None  # the master's key count (master source)
     pages: int | None  # pages the events put in L3 (events source)
+    queries: int = 0
+    query_keys: int = 0
+    query_seconds: float = 0.0
 
 
 class _L3Collector(Collector):
@@ -122,6 +125,23 @@ class _L3Collector(Collector):
         )
         resets.add_metric(src, s.resets)
         out: list[GaugeMetricFamily | CounterMetricFamily] = [state, lookups, outages, resets]
+        if s.queries:
+            queries = CounterMetricFamily(
+                "smetric_l3_master_queries", "Questions put to the Mooncake master (the pages "
+                "of a prompt not already seen in L3)", labels=["source"],
+            )  # fmt: skip
+            queries.add_metric(src, s.queries)
+            qkeys = CounterMetricFamily(
+                "smetric_l3_master_query_keys", "Keys asked for", labels=["source"]
+            )
+            qkeys.add_metric(src, s.query_keys)
+            qsec = CounterMetricFamily(
+                "smetric_l3_master_query_seconds",
+                "Time the master took to answer them (late answers included): the L3 view's cost",
+                labels=["source"],
+            )
+            qsec.add_metric(src, s.query_seconds)
+            out += [queries, qkeys, qsec]
         if s.keys is not None:
             keys = GaugeMetricFamily(
                 "smetric_l3_master_keys", "Objects in the Mooncake store (master's key count)",
