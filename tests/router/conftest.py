@@ -61,6 +61,7 @@ async def make_router(codec: Any) -> AsyncIterator[MakeRouter]:
         urls: list[str],
         hits: HitIndex | None = None,
         text_tree: TextTree | None = None,
+        l3: Any = None,
         **overrides: Any,
     ) -> RouterUnderTest:
         config = replace(BASE, worker_urls=tuple(urls), **overrides)
@@ -70,6 +71,7 @@ async def make_router(codec: Any) -> AsyncIterator[MakeRouter]:
             hits=hits,
             text_tree=text_tree,
             kv_feeds=None,
+            l3=l3,
         )
         server = TestServer(build_app(state), host="127.0.0.1", **RUNNER_OPTIONS)
         await server.start_server()
