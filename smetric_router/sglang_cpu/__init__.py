@@ -73,6 +73,10 @@ def install_torchvision_placeholder() -> None:
     tv = _placeholder("torchvision")
     tvt = _placeholder("torchvision.transforms")
     tvf = _placeholder("torchvision.transforms.functional")
+    # importlib.util.find_spec raises ValueError on a module whose __spec__ is None; datasets
+    # (imported by sglang.benchmark.serving) asks find_spec("torchvision") at import
+    for mod in (tv, tvt, tvf):
+        mod.__spec__ = importlib.machinery.ModuleSpec(mod.__name__, None)
 
     class InterpolationMode(enum.Enum):
         NEAREST = "nearest"

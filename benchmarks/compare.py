@@ -1,0 +1,534 @@
+"""smetric-router against SGLang's own gateways on one cluster, driven by SGLang's bench_serving.
+
+    python -m benchmarks.compare                 # 4 emulated workers, all routers, 4 rates
+    python -m benchmarks.compare --quick         # 3 workers, 12 conversations, 2 rates (<10 min)
+    python -m benchmarks.compare --config launch/emulated.yaml --routers smetric,smg/cache_aware
+    python -m benchmarks.compare --trace ../shared/traces/mooncake-conversation.jsonl --tag mc
+
+One cluster (the launcher's workers, emulated by default, any `--config` cluster spec), no router
+from the launcher. For each router under test and each rate: start the router on a free loopback
+port in front of the same workers, flush every worker's cache (POST /flush_cache), and run
+`python -m sglang.benchmark.serving` from the CPU SGLang env (.venv-sglang, `make sglang`) with
+`--backend sglang-oai-chat --dataset-name agentic-trace`: multi-turn conversations converted from a
+project trace (`smetric_router.traces.to_agentic`; by default a generated agentic trace) replayed
+round by round, the server's reply fed back into the next round. `--request-rate` is the arrival
+rate of conversations (Poisson). `--goodput` under the TTFT/TPOT SLO, `--cache-report`,
+`--output-details`, one JSONL per run. Offline: HF_HUB_OFFLINE=1, the bundled tokenizer.
+
+Per run it also reads the workers' /metrics (prompt and cached token counters: the cached share of
+prompt tokens whatever the router forwards) and, for smetric-router, the router's decision counter
+(stickiness = sticky follow-ups / follow-ups). Writes benchmarks/results/compare[-TAG].md, the
+goodput-vs-rate and TTFT-CDF PNGs beside it, and keeps the runs' JSONL under --work-dir.
+
+Emulated workers model an H20's timing in real time on this machine's CPUs: the numbers are
+modelled engine time plus this machine's Python overheads (router, emulator, client on shared
+cores), not measurements of a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from smetric_router.launch import ClusterSpec, Stack, WorkerSpec, free_port, load_spec, router_args
+from smetric_router.launch.kinds.sglang import CPU_SITE, ROOT, sglang_python
+from smetric_router.traces.generate import GenConfig, generate
+from smetric_router.traces.to_agentic import DEFAULT_TOKENIZER, Options, convert_file
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterDef:
+    kind: str  # smetric | smg | sglang-router
+    policy: str
+    extra: tuple[str, ...] = ()
+
+
+ROUTERS: dict[str, RouterDef] = {
+    "smetric": RouterDef("smetric", "smetric"),
+    "smetric/bailian": RouterDef("smetric", "bailian"),
+    "smetric/lmetric": RouterDef("smetric", "lmetric"),
+    "smetric/load_balance": RouterDef("smetric", "load_balance"),
+    "smetric/cache_aware": RouterDef("smetric", "cache_aware"),
+    "smg/cache_aware": RouterDef("smg", "cache_aware"),
+    "smg/cache_aware+sticky": RouterDef("smg", "cache_aware", ("--sticky-sessions",)),
+    "smg/least_load": RouterDef("smg", "least_load"),
+    "sglang-router/cache_aware": RouterDef("sglang-router", "cache_aware"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    workers: int = 4
+    gpu_kv_tokens: int = 60_000  # per emulated worker: sessions get evicted, placement matters
+    sessions: int = 200  # root sessions of the generated trace
+    seed: int = 1
+    conversations: int = 48
+    max_turns: int = 8
+    tokens_per_block: int = 4  # of the trace's 16: prompts scaled to 1/4 (2-core machine)
+    max_prompt_tokens: int = 16_000
+    output_len: int = 48
+    rates: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    slo_ttft_ms: float = 2000.0
+    slo_tpot_ms: float = 100.0
+    routers: tuple[str, ...] = tuple(ROUTERS)
+
+
+QUICK = Setup(workers=3, gpu_kv_tokens=40_000, sessions=60, conversations=12, max_turns=5,
+              tokens_per_block=2, max_prompt_tokens=8_000, output_len=32,
+              rates=(1.0, 4.0))  # fmt: skip
+# the test's: one router of each kind, a few conversations
+SMOKE = replace(QUICK, workers=2, sessions=20, conversations=4, max_turns=3, rates=(2.0,),
+                routers=("smetric", "smg/cache_aware", "sglang-router/cache_aware"))  # fmt: skip
+
+
+@dataclass
+class Run:
+    router: str
+    rate: float
+    result: dict[str, Any]
+    prompt_tokens: int = 0  # workers' counters over the run
+    cached_tokens: int = 0
+    decisions: dict[str, float] = field(default_factory=dict)  # smetric: reason -> count
+    command: str = ""
+
+    @property
+    def cached_share(self) -> float | None:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    @property
+    def stickiness(self) -> float | None:
+        follow = sum(v for k, v in self.decisions.items() if k != "first-turn-balance")
+        if not self.decisions or ROUTERS[self.router].policy != "smetric" or not follow:
+            return None
+        sticky = self.decisions.get("sticky", 0) + self.decisions.get("sticky-l3", 0)
+        return sticky / follow
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+def _get(url: str, timeout: float = 5) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _post(url: str, body: dict[str, Any] | None = None, timeout: float = 30) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else b""
+    req = urllib.request.Request(url, data=data, method="POST",
+                                 headers={"content-type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def router_argv(name: str, spec: ClusterSpec, workers: list[str], port: int,
+                sglang_py: str, stack: Stack) -> list[str]:  # fmt: skip
+    d = ROUTERS[name]
+    if d.kind == "smetric":
+        r = replace(spec.router, host="127.0.0.1", port=port, policy=d.policy)
+        return [sys.executable, "-m", *router_args(replace(spec, router=r), stack.workers)]
+    prom = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+              "--policy", d.policy, "--log-level", "warn", *prom, *d.extra]  # fmt: skip
+    if d.kind == "smg":
+        # `python -m smg`: .venv-sglang/bin/smg is sglang-router's script (both wheels ship one)
+        return [sglang_py, "-m", "smg", "launch", *common]
+    return [sglang_py, "-m", "sglang_router.launch_router", *common]
+
+
+def _chat_ok(url: str, model: str) -> bool:
+    body = {"model": model, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "ready?"}]}  # fmt: skip
+    try:
+        status, _ = _post(url + "/v1/chat/completions", body, timeout=5)
+    except (urllib.error.URLError, OSError):
+        return False
+    return status == 200
+
+
+@contextlib.contextmanager
+def running(argv: list[str], url: str, model: str, log: Path, timeout_s: float = 90):  # type: ignore[no-untyped-def]
+    """A router process, ready once it answers a chat completion; stopped on exit."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _chat_ok(url, model):
+            if proc.poll() is not None:
+                raise RuntimeError(f"router exited with {proc.returncode}; see {log}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"router not ready in {timeout_s:.0f} s; see {log}")
+            time.sleep(0.3)
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def flush(workers: list[str]) -> None:
+    for w in workers:
+        status, body = _post(f"{w}/flush_cache?timeout=60", timeout=90)
+        if status != 200:
+            raise RuntimeError(f"{w}/flush_cache: {status} {body[:200]!r}")
+
+
+_SAMPLE = re.compile(r"^(sglang:(?:prompt|cached)_tokens)_total(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)
+_DECISION = re.compile(r"^smetric_decisions_total\{([^}]*)\} ([0-9.e+-]+)$", re.M)
+
+
+def token_counters(workers: list[str]) -> tuple[int, int]:
+    prompt = cached = 0.0
+    for w in workers:
+        _, text = _get(f"{w}/metrics")
+        for name, v in _SAMPLE.findall(text.decode()):
+            if name.endswith("prompt_tokens"):
+                prompt += float(v)
+            else:
+                cached += float(v)
+    return int(prompt), int(cached)
+
+
+def decisions(router_url: str) -> dict[str, float]:
+    status, text = _get(f"{router_url}/metrics")
+    out: dict[str, float] = {}
+    if status != 200:
+        return out
+    for labels, v in _DECISION.findall(text.decode()):
+        m = re.search(r'reason="([^"]*)"', labels)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(v)
+    return out
+
+
+def bench_env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(CPU_SITE), str(ROOT), os.environ.get("PYTHONPATH"))
+                           if p)  # fmt: skip
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "SMETRIC_SGLANG_CPU": "1", "PYTHONPATH": path}  # fmt: skip
+
+
+def bench_argv(sglang_py: str, url: str, model: str, dataset: Path, setup: Setup, rate: float,
+               out: Path, n_conv: int) -> list[str]:  # fmt: skip
+    return [sglang_py, "-m", "sglang.benchmark.serving", "--backend", "sglang-oai-chat",
+            "--base-url", url, "--model", model, "--tokenizer", str(DEFAULT_TOKENIZER),
+            "--dataset-name", "agentic-trace", "--dataset-path", str(dataset),
+            "--num-prompts", str(n_conv), "--sharegpt-output-len", str(setup.output_len),
+            "--request-rate", f"{rate:g}", "--seed", "1", "--warmup-requests", "0",
+            "--ready-check-timeout-sec", "0", "--disable-tqdm",
+            "--goodput", f"ttft:{setup.slo_ttft_ms:g}", f"tpot:{setup.slo_tpot_ms:g}",
+            "--cache-report", "--output-details", "--output-file", str(out)]  # fmt: skip
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+def workload(setup: Setup, trace: Path | None, work: Path) -> tuple[Path, dict[str, Any]]:
+    if trace is None:
+        trace = work / f"agentic-{setup.sessions}-s{setup.seed}.jsonl"
+        if not trace.exists():
+            generate(GenConfig(sessions=setup.sessions, seed=setup.seed), trace)
+    opts = Options(conversations=setup.conversations, max_turns=setup.max_turns,
+                   tokens_per_block=setup.tokens_per_block,
+                   max_prompt_tokens=setup.max_prompt_tokens)  # fmt: skip
+    out = work / "conversations.json"
+    doc = convert_file(trace, out, opts)
+    return out, doc["metadata"]
+
+
+def default_spec(setup: Setup) -> ClusterSpec:
+    return ClusterSpec(workers=WorkerSpec(count=setup.workers,
+                                          extra_args=("--gpu-kv-tokens",
+                                                      str(setup.gpu_kv_tokens))))  # fmt: skip
+
+
+def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: Path,
+            log: Any = print) -> list[Run]:  # fmt: skip
+    sglang_py = sglang_python(spec.sglang)
+    model = spec.workers.model_name if spec.workers.kind == "emulated" else (
+        spec.sglang.served_model_name or "smetric-tiny-qwen3")  # fmt: skip
+    runs: list[Run] = []
+    stack = Stack(spec)
+    try:
+        stack.start_workers()
+        workers = stack.worker_urls
+        log(f"workers: {' '.join(workers)}")
+        for name in setup.routers:
+            for rate in setup.rates:
+                slug = re.sub(r"[^a-z0-9]+", "_", f"{name}_{rate:g}".lower())
+                port = free_port()
+                url = f"http://127.0.0.1:{port}"
+                argv = router_argv(name, spec, workers, port, sglang_py, stack)
+                with running(argv, url, model, work / f"{slug}.router.log"):
+                    flush(workers)
+                    p0, c0 = token_counters(workers)
+                    d0 = decisions(url)
+                    out = work / f"{slug}.jsonl"
+                    out.unlink(missing_ok=True)
+                    cmd = bench_argv(sglang_py, url, model, dataset, setup, rate, out, n_conv)
+                    t0 = time.monotonic()
+                    with (work / f"{slug}.bench.log").open("wb") as blog:
+                        rc = subprocess.run(cmd, env=bench_env(), stdout=blog,
+                                            stderr=subprocess.STDOUT).returncode  # fmt: skip
+                    if rc != 0 or not out.exists():
+                        raise RuntimeError(
+                            f"bench_serving failed ({rc}); see {work}/{slug}.bench.log"
+                        )
+                    p1, c1 = token_counters(workers)
+                    d1 = decisions(url)
+                result = json.loads(out.read_text().splitlines()[-1])
+                run = Run(
+                    name,
+                    rate,
+                    result,
+                    p1 - p0,
+                    c1 - c0,
+                    {k: v - d0.get(k, 0.0) for k, v in d1.items()},
+                    shlex.join(cmd),
+                )
+                runs.append(run)
+                log(f"{name:28s} rate {rate:g}: {result['completed']} req in "
+                    f"{result['duration']:.1f} s (wall {time.monotonic() - t0:.0f} s), "
+                    f"goodput {result.get('request_goodput', 0):.2f} req/s, TTFT p90 "
+                    f"{result['p90_ttft_ms']:.0f} ms, cached {_pct(run.cached_share)}, "
+                    f"sticky {_pct(run.stickiness)}")  # fmt: skip
+    finally:
+        stack.stop()
+    return runs
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def knee(runs: list[Run], setup: Setup, threshold: float = 0.9) -> float:
+    """The lowest rate at which some router's SLO attainment falls below the threshold (the
+    highest rate when none does)."""
+    for rate in sorted(setup.rates):
+        if any(r.result.get("slo_attainment", 1.0) < threshold for r in runs if r.rate == rate):
+            return rate
+    return max(setup.rates)
+
+
+def max_rate_in_slo(runs: list[Run], name: str, threshold: float = 0.9) -> str:
+    ok = [
+        r.rate for r in runs if r.router == name and r.result.get("slo_attainment", 0) >= threshold
+    ]
+    return f"{max(ok):g}" if ok else "none"
+
+
+def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpec,
+           argv: Sequence[str], out_md: Path, elapsed_s: float) -> None:  # fmt: skip
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    stem = out_md.stem
+    k = knee(runs, setup)
+    lines = [
+        f"# bench_serving comparison ({stem})",
+        "",
+        f"Command: `python -m benchmarks.compare {' '.join(argv)}` ({elapsed_s / 60:.1f} min on "
+        "this 2-core machine, shared with other work).",
+        "",
+        f"- Cluster: {len(spec.workers.extra_args) and ''}{spec.workers.count} {spec.workers.kind} "
+        f"workers (profile {spec.workers.profile}, speedup {spec.workers.speedup:g}, "
+        f"extra args `{' '.join(spec.workers.extra_args)}`), each router on a free loopback port "
+        "in front of the same workers, worker caches flushed before every run.",
+        f"- Workload: {meta['conversations']} conversations, {meta['turns']} turns (max "
+        f"{meta['max_turns']}), converted from `{meta['source']}` ({meta['format']}) by "
+        f"`smetric_router.traces.to_agentic` at {meta['tokens_per_block']} tokens per "
+        f"{meta['block_size']}-token block (first prompt ~{meta['mean_first_prompt_tokens']} "
+        "tokens);"
+        f" replies {setup.output_len} tokens (`--sharegpt-output-len`; the trace's mean is "
+        f"{meta['mean_output_tokens']}).",
+        "- Driver: SGLang 0.5.23 `python -m sglang.benchmark.serving --backend sglang-oai-chat "
+        "--dataset-name agentic-trace`, `--request-rate` = conversations/s (Poisson), each "
+        "turn sent when the previous reply ends; streaming.",
+        f"- SLO (`--goodput`): TTFT ≤ {setup.slo_ttft_ms:g} ms and TPOT ≤ {setup.slo_tpot_ms:g} "
+        "ms. "
+        "Max rate in SLO: the highest swept rate with ≥ 90 % of requests in SLO.",
+        "- Cached share: the workers' own counters (`sglang:cached_tokens_total` / "
+        "`sglang:prompt_tokens_total`) over the run. Stickiness: smetric-router's decisions "
+        "(`sticky` + `sticky-l3` over all follow-up decisions) for the smetric policy; n/a where "
+        "the router does not say (peers; smetric-router's baseline policies only report their own "
+        "name).",
+        "- Emulated workers model H20 timing in real time on this CPU; the router, the workers "
+        "and the client share 2 cores, so absolute numbers include their Python overheads.",
+        "",
+        "| router | rate (conv/s) | req/s | out tok/s | goodput (req/s) | in SLO | "
+        "TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | cached share | stickiness |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        x = r.result
+        lines.append(
+            f"| {r.router} | {r.rate:g} | {x['request_throughput']:.2f} | "
+            f"{x['output_throughput']:.0f} | {x.get('request_goodput', 0):.2f} | "
+            f"{100 * x.get('slo_attainment', 0):.0f} % | {x['median_ttft_ms']:.0f} / "
+            f"{x['p90_ttft_ms']:.0f} / {x['p99_ttft_ms']:.0f} | {x['median_tpot_ms']:.1f} / "
+            f"{x['p90_tpot_ms']:.1f} / {x['p99_tpot_ms']:.1f} | {_pct(r.cached_share)} | "
+            f"{_pct(r.stickiness)} |"
+        )
+    lines += ["", "| router | max rate in SLO (conv/s) | goodput at the knee "
+              f"({k:g} conv/s) | TTFT p90 at the knee (ms) |", "|---|---|---|---|"]  # fmt: skip
+    for name in setup.routers:
+        at = next((r for r in runs if r.router == name and r.rate == k), None)
+        lines.append(f"| {name} | {max_rate_in_slo(runs, name)} | "
+                     f"{at.result.get('request_goodput', 0) if at else float('nan'):.2f} | "
+                     f"{at.result['p90_ttft_ms'] if at else float('nan'):.0f} |")  # fmt: skip
+    fail = [r for r in runs if r.result["completed"] < meta["turns"]]
+    if fail:
+        lines += [
+            "",
+            "Runs with failed requests: "
+            + ", ".join(
+                f"{r.router} @ {r.rate:g} ({meta['turns'] - r.result['completed']} failed)"
+                for r in fail
+            ),
+        ]
+    lines += ["", f"![goodput vs rate]({stem}_goodput.png)",
+              f"![TTFT CDF at the knee]({stem}_ttft_cdf.png)", "",
+              "bench_serving command of the first run:", "", "```",
+              runs[0].command if runs else "", "```", ""]  # fmt: skip
+    out_md.write_text("\n".join(lines))
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in setup.routers:
+        rs = sorted((r for r in runs if r.router == name), key=lambda r: r.rate)
+        ax.plot([r.rate for r in rs], [r.result.get("request_goodput", 0) for r in rs],
+                marker="o", label=name,
+                linestyle="-" if name.startswith("smetric") else "--")  # fmt: skip
+    ax.set_xlabel("request rate (conversations/s)")
+    ax.set_ylabel("goodput (requests/s in SLO)")
+    ax.set_title(
+        f"goodput vs rate (TTFT ≤ {setup.slo_ttft_ms:g} ms, TPOT ≤ {setup.slo_tpot_ms:g} ms)"
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_md.with_name(f"{stem}_goodput.png"), dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in runs:
+        if r.rate != k:
+            continue
+        t = np.sort(np.array([v for v in r.result.get("ttfts", []) if v and v > 0]) * 1000)
+        if len(t):
+            ax.plot(t, np.arange(1, len(t) + 1) / len(t), label=r.router,
+                    linestyle="-" if r.router.startswith("smetric") else "--")  # fmt: skip
+    ax.axvline(setup.slo_ttft_ms, color="grey", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (ms)")
+    ax.set_ylabel("share of requests")
+    ax.set_title(f"TTFT CDF at the knee ({k:g} conversations/s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_md.with_name(f"{stem}_ttft_cdf.png"), dpi=110)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.compare", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--quick", action="store_true", help="3 workers, 12 conversations, 2 rates")
+    p.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # the test's size
+    p.add_argument("--config", type=Path, help="cluster spec YAML (default: emulated workers)")
+    p.add_argument("--trace", type=Path, help="trace JSONL (default: a generated agentic trace)")
+    p.add_argument("--routers", help=f"comma-separated subset of: {', '.join(ROUTERS)}")
+    p.add_argument("--rates", help="comma-separated conversation rates (per s)")
+    p.add_argument("--workers", type=int)
+    p.add_argument("--conversations", type=int)
+    p.add_argument("--max-turns", type=int)
+    p.add_argument("--tokens-per-block", type=int)
+    p.add_argument("--output-len", type=int)
+    p.add_argument("--slo-ttft-ms", type=float)
+    p.add_argument("--slo-tpot-ms", type=float)
+    p.add_argument("--tag", default="", help="results file suffix: compare-TAG.md")
+    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--work-dir", type=Path, default=Path("/tmp/smetric-compare"))
+    return p
+
+
+def setup_from(a: argparse.Namespace) -> Setup:
+    s = SMOKE if a.smoke else QUICK if a.quick else Setup()
+    if a.routers:
+        names = tuple(x.strip() for x in a.routers.split(",") if x.strip())
+        unknown = [n for n in names if n not in ROUTERS]
+        if unknown:
+            raise SystemExit(f"unknown routers {unknown}; known: {', '.join(ROUTERS)}")
+        s = replace(s, routers=names)
+    if a.rates:
+        s = replace(s, rates=tuple(float(x) for x in a.rates.split(",")))
+    for key in ("workers", "conversations", "max_turns", "tokens_per_block", "output_len",
+                "slo_ttft_ms", "slo_tpot_ms"):  # fmt: skip
+        if getattr(a, key) is not None:
+            s = replace(s, **{key: getattr(a, key)})
+    return s
+
+
+def main(argv: Sequence[str] | None = None) -> list[Run]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    setup = setup_from(a)
+    spec = load_spec(a.config) if a.config else default_spec(setup)
+    if a.config and a.workers:
+        spec = replace(spec, workers=replace(spec.workers, count=a.workers))
+    work = a.work_dir / (a.tag or ("smoke" if a.smoke else "quick" if a.quick else "full"))
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    dataset, meta = workload(setup, a.trace, work)
+    print(f"workload: {meta}", flush=True)
+    runs = run_all(setup, spec, dataset, meta["conversations"], work,
+                   log=lambda s: print(s, flush=True))  # fmt: skip
+    name = "compare" + (
+        f"-{a.tag}" if a.tag else "-smoke" if a.smoke else "-quick" if a.quick else ""
+    )
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    out = a.out_dir / f"{name}.md"
+    report(runs, setup, meta, spec, argv, out, time.monotonic() - t0)
+    (work / "runs.json").write_text(json.dumps(
+        [{"router": r.router, "rate": r.rate, "prompt_tokens": r.prompt_tokens,
+          "cached_tokens": r.cached_tokens, "decisions": r.decisions, "setup": asdict(setup),
+          **{k: v for k, v in r.result.items() if k not in ("generated_texts", "itls")}}
+         for r in runs]))  # fmt: skip
+    print(f"wrote {out}")
+    return runs
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""`python -m benchmarks.compare` end to end at its smallest size: 2 emulated workers, one router of
+each kind (smetric-router, smg, sglang-router), 4 conversations, one rate, driven by SGLang's own
+bench_serving from the CPU SGLang env. Catches a broken harness (converter, router command lines,
+bench_serving flags, the report), not a slow router."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.sglang_env import require_sglang_python
+
+pytestmark = pytest.mark.sglang
+
+
+def test_smallest_comparison_end_to_end(tmp_path: Path) -> None:
+    require_sglang_python()
+    from benchmarks.compare import SMOKE, main
+
+    runs = main(["--smoke", "--work-dir", str(tmp_path / "work"), "--out-dir", str(tmp_path)])
+    assert [r.router for r in runs] == list(SMOKE.routers)
+    kinds = {r.router.split("/")[0] for r in runs}
+    assert kinds == {"smetric", "smg", "sglang-router"}
+    turns = runs[0].result["completed"]
+    assert turns > len(runs) and all(r.result["completed"] == turns for r in runs)
+    for r in runs:
+        assert not any(r.result["errors"]), (r.router, r.result["errors"])
+        assert r.result["request_goodput"] > 0 and r.result["p90_ttft_ms"] > 0
+        # follow-ups re-send their history: the workers served part of every run from cache
+        assert r.cached_share is not None and 0 < r.cached_share < 1, r.router
+    smetric = next(r for r in runs if r.router == "smetric")
+    assert smetric.stickiness is not None and smetric.decisions.get("first-turn-balance", 0) > 0
+    assert all(r.stickiness is None for r in runs if r.router != "smetric")
+    md = (tmp_path / "compare-smoke.md").read_text()
+    for r in runs:
+        assert f"| {r.router} | " in md
+    for png in ("compare-smoke_goodput.png", "compare-smoke_ttft_cdf.png"):
+        assert (tmp_path / png).stat().st_size > 1000
