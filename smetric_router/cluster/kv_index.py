@@ -22,6 +22,7 @@ from smetric_router.core.kv_events import (
     BlockStored,
     KVEventBatch,
 )
+from smetric_router.core.prefix import leading_run
 
 log = logging.getLogger(__name__)
 
@@ -265,13 +266,7 @@ class KvIndex:
     def l3_match(self, page_hashes: Sequence[int], page_size: int) -> int:
         """Leading prompt tokens in L3 by the workers' L3 events (a walk: L3 is not kept
         prefix-closed, pages are written and evicted there one by one)."""
-        held = self._l3
-        n = 0
-        for h in page_hashes:
-            if h not in held:
-                break
-            n += 1
-        return n * page_size
+        return leading_run(self._l3, page_hashes) * page_size
 
     @property
     def l3_pages(self) -> int:

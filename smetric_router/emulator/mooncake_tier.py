@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from smetric_router.core.prefix import leading_run
 from smetric_router.features.hashing import block_hash, page_digests
 
 log = logging.getLogger(__name__)
@@ -319,13 +320,7 @@ class MooncakeTier:
     def peek(self, page_hashes: Sequence[int]) -> int:
         if not self._up:
             return 0
-        known = self._known
-        n = 0
-        for h in page_hashes:
-            if h not in known:
-                break
-            n += 1
-        return n
+        return leading_run(self._known, page_hashes)
 
     def lookup(self, page_hashes: Sequence[int]) -> int:
         n = self.peek(page_hashes)

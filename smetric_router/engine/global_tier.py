@@ -7,6 +7,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
+from smetric_router.core.prefix import leading_run
+
 
 class KvTier(Protocol):
     """What the engine asks of a global tier, by page hash; GlobalTier is the in-memory model,
@@ -47,13 +49,7 @@ class GlobalTier:
 
     def peek(self, page_hashes: Sequence[int]) -> int:
         """Leading pages present, without touching the LRU order."""
-        pages = self._pages
-        n = 0
-        for h in page_hashes:
-            if h not in pages:
-                break
-            n += 1
-        return n
+        return leading_run(self._pages, page_hashes)
 
     def store(self, page_hashes: Sequence[int]) -> None:
         if self._unbounded:

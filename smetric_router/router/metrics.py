@@ -114,48 +114,33 @@ class _L3Collector(Collector):
         )
         for outcome, n in sorted(s.lookups.items()):
             lookups.add_metric([s.source, outcome], n)
-        outages = CounterMetricFamily(
-            "smetric_l3_outages", "Times the Mooncake master became unreachable", labels=["source"]
-        )
-        outages.add_metric(src, s.outages)
-        resets = CounterMetricFamily(
-            "smetric_l3_resets",
-            "Times the router's L3 view was dropped (master back after an outage, or restarted)",
-            labels=["source"],
-        )
-        resets.add_metric(src, s.resets)
-        out: list[GaugeMetricFamily | CounterMetricFamily] = [state, lookups, outages, resets]
+        out: list[GaugeMetricFamily | CounterMetricFamily] = [state, lookups]
+        counters: list[tuple[str, str, float]] = [
+            ("outages", "Times the Mooncake master became unreachable", s.outages),
+            ("resets", "Times the router's L3 view was dropped (master back after an outage, "
+                       "or restarted)", s.resets),
+        ]  # fmt: skip
         if s.queries:
-            queries = CounterMetricFamily(
-                "smetric_l3_master_queries", "Questions put to the Mooncake master (the pages "
-                "of a prompt not already seen in L3)", labels=["source"],
-            )  # fmt: skip
-            queries.add_metric(src, s.queries)
-            qkeys = CounterMetricFamily(
-                "smetric_l3_master_query_keys", "Keys asked for", labels=["source"]
-            )
-            qkeys.add_metric(src, s.query_keys)
-            qsec = CounterMetricFamily(
-                "smetric_l3_master_query_seconds",
-                "Time the master took to answer them (late answers included): the L3 view's cost",
-                labels=["source"],
-            )
-            qsec.add_metric(src, s.query_seconds)
-            out += [queries, qkeys, qsec]
-        if s.keys is not None:
-            keys = GaugeMetricFamily(
-                "smetric_l3_master_keys", "Objects in the Mooncake store (master's key count)",
-                labels=["source"],
-            )  # fmt: skip
-            keys.add_metric(src, s.keys)
-            out.append(keys)
-        if s.pages is not None:
-            pages = GaugeMetricFamily(
-                "smetric_l3_event_pages", "Pages the workers' L3 events put in the store",
-                labels=["source"],
-            )  # fmt: skip
-            pages.add_metric(src, s.pages)
-            out.append(pages)
+            counters += [
+                ("master_queries", "Questions put to the Mooncake master (the pages of a prompt "
+                                   "not already seen in L3)", s.queries),
+                ("master_query_keys", "Keys asked for", s.query_keys),
+                ("master_query_seconds", "Time the master took to answer them (late answers "
+                                         "included): the L3 view's cost", s.query_seconds),
+            ]  # fmt: skip
+        for name, doc, value in counters:
+            c = CounterMetricFamily(f"smetric_l3_{name}", doc, labels=["source"])
+            c.add_metric(src, value)
+            out.append(c)
+        gauges = [
+            ("master_keys", "Objects in the Mooncake store (master's key count)", s.keys),
+            ("event_pages", "Pages the workers' L3 events put in the store", s.pages),
+        ]
+        for name, doc, level in gauges:
+            if level is not None:
+                g = GaugeMetricFamily(f"smetric_l3_{name}", doc, labels=["source"])
+                g.add_metric(src, level)
+                out.append(g)
         return out
 
 

@@ -64,8 +64,10 @@ def master() -> Iterator[Master]:
 
 
 @pytest.fixture(scope="module")
-def store(master: Master) -> Any:
-    return store_client(master)
+def store(master: Master) -> Iterator[Any]:
+    client = store_client(master)
+    yield client
+    client.close()  # before the master goes: unmounts its segment, stops its pings
 
 
 @pytest.fixture
