@@ -28,11 +28,11 @@ import aiohttp
 import orjson
 
 from smetric_router.cluster.kv_index import KvIndex
+from smetric_router.core.mooncake_keys import DIGEST, page_stems
 from smetric_router.core.types import RequestFeatures
 
 log = logging.getLogger(__name__)
 
-DIGEST = 32
 # The master answers GETs of ~180 KB URLs; shorter chunks keep each answer small and parallel.
 _KEYS_PER_QUERY = 512
 _MAX_LATE = 4
@@ -61,24 +61,6 @@ class L3Config:
             raise ValueError(f"the Mooncake master URL must be http(s)://, got {self.master_url!r}")
         if self.budget_s <= 0 or self.ttl_s < 0 or self.max_pages <= 0:
             raise ValueError("budget_s and max_pages must be > 0, ttl_s >= 0")
-
-
-def key_prefix(model: str) -> str:
-    """SGLang's Mooncake key prefix for a served model name."""
-    return "-".join(model.split("/"))
-
-
-def page_stems(prefix: str, digests: bytes, tp_rank: int) -> list[str]:
-    """Each full page's key without its `_k`/`_v` suffix, in page order."""
-    return [
-        f"{prefix}_{digests[off : off + DIGEST].hex()}_{tp_rank}"
-        for off in range(0, len(digests) - DIGEST + 1, DIGEST)
-    ]
-
-
-def page_keys(prefix: str, digests: bytes, tp_rank: int) -> list[str]:
-    """K and V object keys of each full page, in page order (2 per page)."""
-    return [s + kv for s in page_stems(prefix, digests, tp_rank) for kv in ("_k", "_v")]
 
 
 @dataclass(slots=True)

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from smetric_router.core.mooncake_keys import key_prefix, page_keys
 from smetric_router.core.prefix import leading_run
 from smetric_router.features.hashing import block_hash, page_digests
 
@@ -107,17 +108,6 @@ def parse_segment_size(value: str) -> int:
         raise TierError(
             f"MOONCAKE_GLOBAL_SEGMENT_SIZE={value!r}: give '<N>gb' or a number of bytes"
         ) from None
-
-
-def key_prefix(served_model_name: str) -> str:
-    """SGLang's MooncakeStore prefixes keys with the model name, '/' turned into '-'."""
-    return served_model_name.replace("/", "-")
-
-
-def page_keys(prefix: str, digest: bytes) -> tuple[str, str]:
-    """A page's K and V object keys (SGLang MooncakeStore, MHA, TP rank 0, no PP)."""
-    base = f"{prefix}_{digest.hex()}_0"
-    return f"{base}_k", f"{base}_v"
 
 
 class StoreClient(Protocol):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Protocol
 
-from smetric_router.cluster.l3_view import key_prefix
+from smetric_router.core.mooncake_keys import key_prefix
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures, WorkerView
 from smetric_router.policies import Policy
 from smetric_router.router.errors import RouterError

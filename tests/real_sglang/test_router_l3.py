@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from smetric_router.cluster.l3_view import page_stems
+from smetric_router.core.mooncake_keys import page_stems
 from smetric_router.features.chat_tokenizer import load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.launch import Stack
