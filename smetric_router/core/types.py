@@ -21,7 +21,7 @@ class Reason(str, Enum):
     OVERLOAD_FALLBACK = "overload-fallback"
     EVICTED_FALLBACK = "evicted-fallback"
     # The history left the local tiers but is fetchable from the global tier (L3): it stays with
-    # its best local holder, which loads the rest from L3 (--l3-aware-guard, see policies/NOTES.md).
+    # its best local holder, which loads the rest from L3 (--l3-aware-guard, policies/NOTES.md).
     STICKY_L3 = "sticky-l3"
 
 

@@ -28,8 +28,10 @@ class PolicyParams:
     hit_ratio: float = 0.5  # SMetric: sticky only if best hit > hit_ratio x est_hit
     # SMetric: a history that left the local tiers but is held in L3 is fetchable, not evicted:
     # the follow-up stays with its best local holder, which loads the rest from L3, instead of
-    # being balanced (where the whole history would be fetched). Needs the router's L3 view.
-    l3_aware: bool = True
+    # being balanced (where the whole history would be fetched). Needs the router's L3 view. Off
+    # by default: it saves L3 traffic but keeps sessions on the workers whose caches overflowed,
+    # which cost tail TTFT in benchmarks/results/l3_guard.md.
+    l3_aware: bool = False
     # Bailian: weight of the miss term. Unpublished; 0.6 gives the paper's Bailian imbalance
     # relative to load-balance-only (benchmarks/results/bailian_lambda.md); from 0.7 a shared
     # template's hit outweighs any load and sessions pile on the template's holders.

@@ -4,7 +4,8 @@ First request of a session -> least load. Follow-up -> the worker with the highe
 unless that worker is overloaded (load > OVERLOAD x mean, and more than a slack of two requests
 above the mean — see PolicyParams.overload_slack) or the session looks evicted
 (best hit <= HIT_RATIO x est_hit); both guards fall back to least load. Ties round-robin.
-L3-aware (PolicyParams.l3_aware, the router's L3 view on): a history evicted locally but held in
+L3-aware (PolicyParams.l3_aware, opt-in, with the router's L3 view): a history evicted locally but
+held in
 the global tier (L3) is fetchable, not lost; the follow-up stays with its best local holder
 (`sticky-l3`), which loads the rest from L3.
 """

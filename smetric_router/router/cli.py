@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="where L3 hits come from: 'master' asks the Mooncake master's HTTP API "
         "(/batch_query_keys on SGLang's page keys, cached, within --l3-budget-secs; works with "
         "stock SGLang), 'events' reads L3 KV events from workers running the fork's patch "
-        "(patches/), 'off' = no L3 figure (L3-aware guard inactive)",
+        "(patches/), 'off' = no L3 figure",
     )
     l3.add_argument(
         "--mooncake-master-url",
@@ -295,11 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a page seen in L3 is trusted without asking the master again",
     )
     l3.add_argument(
-        "--no-l3-aware-guard",
+        "--l3-aware-guard",
         action="store_true",
-        help="smetric: treat a history evicted from the local tiers as evicted even when L3 "
-        "holds it (the paper's guard as written); by default it stays with its best local "
-        "holder (reason sticky-l3)",
+        help="smetric: a history evicted from the local tiers but held in L3 stays with its best "
+        "local holder, which loads the rest from L3 (reason sticky-l3), instead of being balanced "
+        "as the paper's guard does: less L3 traffic, more load on the workers that evicted "
+        "(benchmarks/results/l3_guard.md); needs --l3-view",
     )
     return p
 
@@ -339,7 +340,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
                 cache_threshold=a.cache_threshold,
                 balance_abs_threshold=a.balance_abs_threshold,
                 balance_rel_threshold=a.balance_rel_threshold,
-                l3_aware=not a.no_l3_aware_guard,
+                l3_aware=a.l3_aware_guard,
             ),
             prometheus_port=a.prometheus_port,
             prometheus_host=a.prometheus_host,

@@ -147,18 +147,20 @@ def test_policy_is_pure(name: str, turn: int | None) -> None:
 # -- the L3-aware eviction guard ---------------------------------------------------------------
 
 
+L3_AWARE = make_policy("smetric", PolicyParams(l3_aware=True))
+
+
 def test_history_evicted_locally_but_held_in_l3_stays_with_its_best_local_holder() -> None:
     # w1 kept 300 of the 820-token history locally; L3 holds all of it: a stay fetches 520
     # tokens, a balanced move would fetch 820.
     view = cluster(w(load=1, hit=0, l3=832), w(load=2, hit=300, l3=832), w(load=0, l3=832))
-    d = SMETRIC.decide(req(turn=3, est_hit=820), view)
+    d = L3_AWARE.decide(req(turn=3, est_hit=820), view)
     assert (d.worker, d.reason) == ("w1", "sticky-l3")
 
 
-def test_without_the_l3_aware_guard_the_same_view_is_balanced() -> None:
+def test_by_default_the_same_view_is_balanced_as_the_paper_guard_does() -> None:
     view = cluster(w(load=1, hit=0, l3=832), w(load=2, hit=300, l3=832), w(load=0, l3=832))
-    paper = make_policy("smetric", PolicyParams(l3_aware=False))
-    d = paper.decide(req(turn=3, est_hit=820), view)
+    d = SMETRIC.decide(req(turn=3, est_hit=820), view)
     assert (d.worker, d.reason) == ("w2", "evicted-fallback")
 
 
@@ -167,18 +169,18 @@ def test_unknown_or_insufficient_l3_is_no_reason_to_stay(l3: int | None) -> None
     # None = the master is unreachable: never read as a hit (nor as a miss that changes
     # anything); 400 <= 0.5 x 820 is as evicted in L3 as locally.
     view = cluster(w(load=2, hit=300, l3=l3), w(load=0, l3=l3))
-    d = SMETRIC.decide(req(turn=3, est_hit=820), view)
+    d = L3_AWARE.decide(req(turn=3, est_hit=820), view)
     assert (d.worker, d.reason) == ("w1", "evicted-fallback")
 
 
 def test_with_no_local_part_anywhere_an_l3_history_is_balanced() -> None:
     # Every worker would fetch the whole history: the least loaded one should.
     view = cluster(w(load=3, l3=832), w(load=1, l3=832), w(load=2, l3=832))
-    d = SMETRIC.decide(req(turn=3, est_hit=820), view)
+    d = L3_AWARE.decide(req(turn=3, est_hit=820), view)
     assert (d.worker, d.reason) == ("w1", "evicted-fallback")
 
 
 def test_the_overload_guard_still_comes_first_for_an_l3_history() -> None:
     view = cluster(w(load=9, hit=300, l3=832), w(load=0, l3=832), w(load=0, l3=832))
-    d = SMETRIC.decide(req(turn=3, est_hit=820), view)
+    d = L3_AWARE.decide(req(turn=3, est_hit=820), view)
     assert d.reason == "overload-fallback" and d.worker != "w0"
