@@ -1,7 +1,7 @@
 """smetric-router against SGLang's own gateways on one cluster, driven by SGLang's bench_serving.
 
-    python -m benchmarks.compare                 # 4 emulated workers, all routers, 4 rates
-    python -m benchmarks.compare --quick         # 3 workers, 12 conversations, 2 rates (<10 min)
+    python -m benchmarks.compare            # 4 emulated workers, all routers, 4 rates (~20 min)
+    python -m benchmarks.compare --quick    # 3 workers, 16 conversations, 2 rates (< 10 min)
     python -m benchmarks.compare --config launch/emulated.yaml --routers smetric,smg/cache_aware
     python -m benchmarks.compare --trace ../shared/traces/mooncake-conversation.jsonl --tag mc
 
@@ -40,7 +40,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.to_agentic import DEFAULT_TOKENIZER, Options, convert_file
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PAGE = 16  # the workers' page size (cached prefixes are whole pages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,23 +76,23 @@ ROUTERS: dict[str, RouterDef] = {
 @dataclass(frozen=True, slots=True)
 class Setup:
     workers: int = 4
-    gpu_kv_tokens: int = 60_000  # per emulated worker: sessions get evicted, placement matters
+    gpu_kv_tokens: int = 50_000  # per emulated worker: ~6 first prompts; placement matters
     sessions: int = 200  # root sessions of the generated trace
     seed: int = 1
-    conversations: int = 48
+    conversations: int = 32
     max_turns: int = 8
-    tokens_per_block: int = 4  # of the trace's 16: prompts scaled to 1/4 (2-core machine)
-    max_prompt_tokens: int = 16_000
-    output_len: int = 48
-    rates: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    min_turns: int = 2  # single-request conversations say nothing about follow-ups
+    tokens_per_block: int = 4  # of the trace's 16: prompts scaled to 1/4 (~8K-token first turns)
+    max_prompt_tokens: int = 20_000
+    output_len: int = 32
+    rates: tuple[float, ...] = (1.0, 2.0, 4.0, 6.0)  # conversations per second
+    speedup: float = 1.0  # emulated workers: model seconds per wall second
     slo_ttft_ms: float = 2000.0
     slo_tpot_ms: float = 100.0
     routers: tuple[str, ...] = tuple(ROUTERS)
 
 
-QUICK = Setup(workers=3, gpu_kv_tokens=40_000, sessions=60, conversations=12, max_turns=5,
-              tokens_per_block=2, max_prompt_tokens=8_000, output_len=32,
-              rates=(1.0, 4.0))  # fmt: skip
+QUICK = replace(Setup(), workers=3, sessions=100, conversations=16, max_turns=5, rates=(1.0, 3.0))
 # the test's: one router of each kind, a few conversations
 SMOKE = replace(QUICK, workers=2, sessions=20, conversations=4, max_turns=3, rates=(2.0,),
                 routers=("smetric", "smg/cache_aware", "sglang-router/cache_aware"))  # fmt: skip
@@ -106,6 +107,7 @@ class Run:
     cached_tokens: int = 0
     decisions: dict[str, float] = field(default_factory=dict)  # smetric: reason -> count
     command: str = ""
+    turns: tuple[int, ...] = ()  # the conversations' lengths, in the dataset's (= replay) order
 
     @property
     def cached_share(self) -> float | None:
@@ -118,6 +120,33 @@ class Run:
             return None
         sticky = self.decisions.get("sticky", 0) + self.decisions.get("sticky-l3", 0)
         return sticky / follow
+
+    def sidecar(self) -> dict[str, Any]:
+        """What the run adds to bench_serving's JSONL (kept beside it; --report-only)."""
+        return {"router": self.router, "rate": self.rate,
+                "worker_prompt_tokens": self.prompt_tokens,
+                "worker_cached_tokens": self.cached_tokens, "decisions": self.decisions,
+                "command": self.command, "turns": list(self.turns)}  # fmt: skip
+
+    @property
+    def history_hit(self) -> float | None:
+        """Share of follow-ups that found their previous prompt cached (all but its last partial
+        page) where they ran, from bench_serving's per-request cached_tokens (its outputs are
+        the conversations' rounds in dataset order). None where the router does not pass
+        SGLang's sglext (cached_tokens_details) through."""
+        lens, cached = self.result.get("input_lens"), self.result.get("cached_tokens")
+        errors = self.result.get("errors") or []
+        if not lens or not cached or not any(cached) or sum(self.turns) != len(lens):
+            return None
+        hits = n = i = 0
+        for t in self.turns:
+            for k in range(i + 1, i + t):
+                if k < len(errors) and errors[k]:
+                    continue
+                n += 1
+                hits += cached[k] >= lens[k - 1] - PAGE
+            i += t
+        return hits / n if n else None
 
 
 # --- processes ----------------------------------------------------------------------------------
@@ -255,6 +284,7 @@ def workload(setup: Setup, trace: Path | None, work: Path) -> tuple[Path, dict[s
         if not trace.exists():
             generate(GenConfig(sessions=setup.sessions, seed=setup.seed), trace)
     opts = Options(conversations=setup.conversations, max_turns=setup.max_turns,
+                   min_turns=setup.min_turns,
                    tokens_per_block=setup.tokens_per_block,
                    max_prompt_tokens=setup.max_prompt_tokens)  # fmt: skip
     out = work / "conversations.json"
@@ -263,7 +293,7 @@ def workload(setup: Setup, trace: Path | None, work: Path) -> tuple[Path, dict[s
 
 
 def default_spec(setup: Setup) -> ClusterSpec:
-    return ClusterSpec(workers=WorkerSpec(count=setup.workers,
+    return ClusterSpec(workers=WorkerSpec(count=setup.workers, speedup=setup.speedup,
                                           extra_args=("--gpu-kv-tokens",
                                                       str(setup.gpu_kv_tokens))))  # fmt: skip
 
@@ -271,6 +301,7 @@ def default_spec(setup: Setup) -> ClusterSpec:
 def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: Path,
             log: Any = print) -> list[Run]:  # fmt: skip
     sglang_py = sglang_python(spec.sglang)
+    turns = tuple(len(c) for c in json.loads(dataset.read_text())["conversations"])
     model = spec.workers.model_name if spec.workers.kind == "emulated" else (
         spec.sglang.served_model_name or "smetric-tiny-qwen3")  # fmt: skip
     runs: list[Run] = []
@@ -281,7 +312,7 @@ def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: P
         log(f"workers: {' '.join(workers)}")
         for name in setup.routers:
             for rate in setup.rates:
-                slug = re.sub(r"[^a-z0-9]+", "_", f"{name}_{rate:g}".lower())
+                slug = slug_of(name, rate)
                 port = free_port()
                 url = f"http://127.0.0.1:{port}"
                 argv = router_argv(name, spec, workers, port, sglang_py, stack)
@@ -311,15 +342,36 @@ def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: P
                     c1 - c0,
                     {k: v - d0.get(k, 0.0) for k, v in d1.items()},
                     shlex.join(cmd),
+                    turns,
                 )
                 runs.append(run)
+                (work / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
                 log(f"{name:28s} rate {rate:g}: {result['completed']} req in "
                     f"{result['duration']:.1f} s (wall {time.monotonic() - t0:.0f} s), "
                     f"goodput {result.get('request_goodput', 0):.2f} req/s, TTFT p90 "
-                    f"{result['p90_ttft_ms']:.0f} ms, cached {_pct(run.cached_share)}, "
+                    f"{result['p90_ttft_ms']:.0f} ms, cached {_pct(run.cached_share)}, history hit "
+                    f"{_pct(run.history_hit)}, "
                     f"sticky {_pct(run.stickiness)}")  # fmt: skip
     finally:
         stack.stop()
+    return runs
+
+
+def slug_of(name: str, rate: float) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", f"{name}_{rate:g}".lower())
+
+
+def load_runs(setup: Setup, work: Path) -> list[Run]:
+    """The runs a previous invocation left in `work` (bench_serving JSONL + sidecar)."""
+    runs = []
+    for name in setup.routers:
+        for rate in setup.rates:
+            slug = slug_of(name, rate)
+            side = json.loads((work / f"{slug}.run.json").read_text())
+            result = json.loads((work / f"{slug}.jsonl").read_text().splitlines()[-1])
+            runs.append(Run(name, rate, result, side["worker_prompt_tokens"],
+                            side["worker_cached_tokens"], side["decisions"], side["command"],
+                            tuple(side["turns"])))  # fmt: skip
     return runs
 
 
@@ -380,7 +432,11 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         "ms. "
         "Max rate in SLO: the highest swept rate with ≥ 90 % of requests in SLO.",
         "- Cached share: the workers' own counters (`sglang:cached_tokens_total` / "
-        "`sglang:prompt_tokens_total`) over the run. Stickiness: smetric-router's decisions "
+        "`sglang:prompt_tokens_total`) over the run. Follow-ups with history cached: the share "
+        "of follow-up turns whose previous prompt (all but its last partial page) was cached "
+        "where they ran, from bench_serving's per-request `cached_tokens` (n/a where the router "
+        "does not pass SGLang's `sglext` through: sglang-router 0.3.2). Stickiness: "
+        "smetric-router's decisions "
         "(`sticky` + `sticky-l3` over all follow-up decisions) for the smetric policy; n/a where "
         "the router does not say (peers; smetric-router's baseline policies only report their own "
         "name).",
@@ -388,8 +444,9 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         "and the client share 2 cores, so absolute numbers include their Python overheads.",
         "",
         "| router | rate (conv/s) | req/s | out tok/s | goodput (req/s) | in SLO | "
-        "TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | cached share | stickiness |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | cached share | "
+        "follow-ups with history cached | stickiness |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         x = r.result
@@ -399,7 +456,7 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
             f"{100 * x.get('slo_attainment', 0):.0f} % | {x['median_ttft_ms']:.0f} / "
             f"{x['p90_ttft_ms']:.0f} / {x['p99_ttft_ms']:.0f} | {x['median_tpot_ms']:.1f} / "
             f"{x['p90_tpot_ms']:.1f} / {x['p99_tpot_ms']:.1f} | {_pct(r.cached_share)} | "
-            f"{_pct(r.stickiness)} |"
+            f"{_pct(r.history_hit)} | {_pct(r.stickiness)} |"
         )
     lines += ["", "| router | max rate in SLO (conv/s) | goodput at the knee "
               f"({k:g} conv/s) | TTFT p90 at the knee (ms) |", "|---|---|---|---|"]  # fmt: skip
@@ -465,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.compare", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--quick", action="store_true", help="3 workers, 12 conversations, 2 rates")
+    p.add_argument("--quick", action="store_true", help="3 workers, 16 conversations, 2 rates")
     p.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # the test's size
     p.add_argument("--config", type=Path, help="cluster spec YAML (default: emulated workers)")
     p.add_argument("--trace", type=Path, help="trace JSONL (default: a generated agentic trace)")
@@ -474,13 +531,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int)
     p.add_argument("--conversations", type=int)
     p.add_argument("--max-turns", type=int)
+    p.add_argument("--min-turns", type=int)
+    p.add_argument("--sessions", type=int, help="root sessions of the generated trace")
+    p.add_argument("--gpu-kv-tokens", type=int, help="per emulated worker")
+    p.add_argument("--speedup", type=float, help="emulated workers' model s per wall s")
     p.add_argument("--tokens-per-block", type=int)
     p.add_argument("--output-len", type=int)
+    p.add_argument("--max-prompt-tokens", type=int)
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--tag", default="", help="results file suffix: compare-TAG.md")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/smetric-compare"))
+    p.add_argument("--report-only", action="store_true",
+                   help="rewrite the report from the runs already in the work dir")  # fmt: skip
     return p
 
 
@@ -494,8 +558,9 @@ def setup_from(a: argparse.Namespace) -> Setup:
         s = replace(s, routers=names)
     if a.rates:
         s = replace(s, rates=tuple(float(x) for x in a.rates.split(",")))
-    for key in ("workers", "conversations", "max_turns", "tokens_per_block", "output_len",
-                "slo_ttft_ms", "slo_tpot_ms"):  # fmt: skip
+    for key in ("workers", "conversations", "max_turns", "min_turns", "sessions", "gpu_kv_tokens",
+                "speedup", "tokens_per_block", "output_len", "max_prompt_tokens", "slo_ttft_ms",
+                "slo_tpot_ms"):  # fmt: skip
         if getattr(a, key) is not None:
             s = replace(s, **{key: getattr(a, key)})
     return s
@@ -511,21 +576,25 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
     work = a.work_dir / (a.tag or ("smoke" if a.smoke else "quick" if a.quick else "full"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    dataset, meta = workload(setup, a.trace, work)
-    print(f"workload: {meta}", flush=True)
-    runs = run_all(setup, spec, dataset, meta["conversations"], work,
-                   log=lambda s: print(s, flush=True))  # fmt: skip
+    summary = work / "summary.json"
+    if a.report_only:
+        meta = json.loads((work / "conversations.json").read_text())["metadata"]
+        runs = load_runs(setup, work)
+        prev = json.loads(summary.read_text()) if summary.exists() else {}
+        argv, elapsed = prev.get("argv", argv), prev.get("elapsed_s", 0.0)
+    else:
+        dataset, meta = workload(setup, a.trace, work)
+        print(f"workload: {meta}", flush=True)
+        runs = run_all(setup, spec, dataset, meta["conversations"], work,
+                       log=lambda s: print(s, flush=True))  # fmt: skip
+        elapsed = time.monotonic() - t0
+        summary.write_text(json.dumps({"argv": argv, "elapsed_s": elapsed}))
     name = "compare" + (
         f"-{a.tag}" if a.tag else "-smoke" if a.smoke else "-quick" if a.quick else ""
     )
     a.out_dir.mkdir(parents=True, exist_ok=True)
     out = a.out_dir / f"{name}.md"
-    report(runs, setup, meta, spec, argv, out, time.monotonic() - t0)
-    (work / "runs.json").write_text(json.dumps(
-        [{"router": r.router, "rate": r.rate, "prompt_tokens": r.prompt_tokens,
-          "cached_tokens": r.cached_tokens, "decisions": r.decisions, "setup": asdict(setup),
-          **{k: v for k, v in r.result.items() if k not in ("generated_texts", "itls")}}
-         for r in runs]))  # fmt: skip
+    report(runs, setup, meta, spec, argv, out, elapsed)
     print(f"wrote {out}")
     return runs
 
