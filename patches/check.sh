@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Check the SGLang patch against the released wheel: applies cleanly, the touched
-# files byte-compile, and the read-only tier walk answers right on a stand-in tree.
+# Check the SGLang patches against the released wheel: each applies cleanly on top of the
+# ones before it, the touched files byte-compile, and the read-only tier walk answers right
+# on a stand-in tree.
 # Usage: patches/check.sh            (downloads sglang==0.5.23 from PyPI, 39 MB)
 #        SGLANG_WHEEL=path.whl patches/check.sh
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
-patch_file="$here/sglang-0.5.23-smetric-prefix-probe.patch"
+patches=("$here"/sglang-0.5.23-*.patch)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
@@ -17,14 +18,17 @@ if [ -z "$wheel" ]; then
 fi
 echo "wheel: $(basename "$wheel")"
 
-touched=$(grep '^+++ b/' "$patch_file" | sed 's|^+++ b/||')
+touched=$(grep -h '^+++ b/' "${patches[@]}" | sed 's|^+++ b/||' | sort -u)
 site="$work/site"
 mkdir -p "$site"
 # The walk check also reads radix_cache.py (RadixKey), which the patch leaves alone.
 python -m zipfile -e "$wheel" "$site" >/dev/null
 
-(cd "$site" && patch -p1 --dry-run < "$patch_file")
-(cd "$site" && patch -p1 < "$patch_file")
+for patch_file in "${patches[@]}"; do
+    echo "patch: $(basename "$patch_file")"
+    (cd "$site" && patch -p1 --dry-run < "$patch_file")
+    (cd "$site" && patch -p1 < "$patch_file")
+done
 for f in $touched; do
     python -m py_compile "$site/$f"
     echo "py_compile ok: $f"
