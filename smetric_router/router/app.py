@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -325,7 +326,8 @@ async def handle_models(request: web.Request) -> web.Response:
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"}, dumps=_dumps)
+    # pid: which replica answered, under --processes N
+    return web.json_response({"status": "ok", "pid": os.getpid()}, dumps=_dumps)
 
 
 async def handle_readiness(request: web.Request) -> web.Response:

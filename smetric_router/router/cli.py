@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import logging
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -43,6 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="once listening, write the bound ports here as JSON (http, and prometheus with "
         "--prometheus-port): how a launcher learns a port given as 0",
     )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=_D.processes,
+        help="serve with N router processes on one port (SO_REUSEPORT, Linux): the kernel spreads "
+        "connections over them; each is a full replica of this stateless router (its own worker "
+        "view, KV-event subscriptions and /metrics; --prometheus-port stays with the first)",
+    )
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(
         "--worker-urls",
         nargs="*",
@@ -370,18 +381,49 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             decode_policy=decode_policy or _D.decode_policy,
             prefill_overload_slack=a.prefill_overload_slack,
             pd_handover_timeout_secs=a.pd_handover_timeout_secs,
+            processes=a.processes,
+            reuse_port=a.reuse_port or a.processes > 1,
         )
     except ValueError as e:
         parser.error(str(e))
 
 
-async def serve(config: RouterConfig, port_file: str | None = None) -> None:
-    """Run until SIGINT/SIGTERM; with port_file, write the bound ports there once listening."""
+def replica_argv(argv: Sequence[str], port: int) -> list[str]:
+    """The command line of one more replica: the same flags on the bound port, without the
+    ones that belong to the first process alone."""
+    own = {"--processes": 1, "--port": 1, "--port-file": 1, "--prometheus-port": 1}
+    out: list[str] = []
+    skip = 0
+    for arg in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = arg.split("=", 1)[0]
+        if name in own:
+            skip = 0 if "=" in arg else own[name]
+            continue
+        out.append(arg)
+    return [sys.executable, "-m", "smetric_router", *out, "--port", str(port), "--reuse-port"]
+
+
+def _die_with_parent() -> None:
+    """A replica goes when the first process goes, even if that one is killed outright."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+async def serve(
+    config: RouterConfig, port_file: str | None = None, argv: Sequence[str] = ()
+) -> None:
+    """Run until SIGINT/SIGTERM; with port_file, write the bound ports there once listening.
+    With config.processes > 1, also start the other replicas (argv: this process's flags) on
+    the port this one bound, and stop them on the way out."""
     from smetric_router.router.app import RUNNER_OPTIONS, build_app, metrics_app
     from smetric_router.router.assemble import make_state
 
     state = make_state(config)
     runners = [web.AppRunner(build_app(state), **RUNNER_OPTIONS)]
+    replicas: list[subprocess.Popen[bytes]] = []
     if config.prometheus_port is not None:
         runners.append(web.AppRunner(metrics_app(state), **RUNNER_OPTIONS))
     stop = asyncio.Event()
@@ -390,7 +432,9 @@ async def serve(config: RouterConfig, port_file: str | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await runners[0].setup()
-        await web.TCPSite(runners[0], config.host, config.port).start()
+        await web.TCPSite(
+            runners[0], config.host, config.port, reuse_port=config.reuse_port or None
+        ).start()
         if len(runners) > 1:
             await runners[1].setup()
             assert config.prometheus_port is not None
@@ -398,6 +442,10 @@ async def serve(config: RouterConfig, port_file: str | None = None) -> None:
         ports = {"http": bound_port(runners[0])}
         if len(runners) > 1:
             ports["prometheus"] = bound_port(runners[1])
+        for _ in range(config.processes - 1):
+            replicas.append(
+                subprocess.Popen(replica_argv(argv, ports["http"]), preexec_fn=_die_with_parent)
+            )
         if port_file is not None:
             write_port_file(port_file, ports)
         if config.pd_disaggregation:
@@ -418,16 +466,26 @@ async def serve(config: RouterConfig, port_file: str | None = None) -> None:
                 config.policy,
                 len(config.worker_urls),
             )
+        if replicas:
+            log.info("%d more router processes on port %d", len(replicas), ports["http"])
         await stop.wait()
         log.info("shutting down")
     finally:
+        for p in replicas:
+            p.terminate()
+        for p in replicas:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
         for r in reversed(runners):
             await r.cleanup()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = config_from_args(argv)
-    port_file = build_parser().parse_args(argv).port_file
+    raw = list(sys.argv[1:] if argv is None else argv)
+    config = config_from_args(raw)
+    port_file = build_parser().parse_args(raw).port_file
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -436,9 +494,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             import uvloop
         except ImportError:
-            asyncio.run(serve(config, port_file))
+            asyncio.run(serve(config, port_file, raw))
         else:
-            uvloop.run(serve(config, port_file))
+            uvloop.run(serve(config, port_file, raw))
     except (OSError, ValueError) as e:  # bad tokenizer, page-size mismatch, busy port
         log.error("smetric-router failed to start: %s", e)
         sys.exit(1)

@@ -53,10 +53,15 @@ class RouterConfig:
     prefill_overload_slack: float = 4096.0
     # Dispatch until the prefill is done (its reply ended, or decode's first byte) at most this.
     pd_handover_timeout_secs: float = 300.0
+    # Replicas of this router on one port (SO_REUSEPORT): each a full, independent router.
+    processes: int = 1
+    reuse_port: bool = False
 
     def __post_init__(self) -> None:
         if self.page_size is not None and self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.processes < 1:
+            raise ValueError(f"processes must be >= 1, got {self.processes}")
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.max_body_bytes < 1024:

@@ -1,0 +1,83 @@
+"""`--processes N`: N independent replicas of the router on one port (SO_REUSEPORT). Connections
+spread over them, and because each replica builds the same view from the workers (KV events,
+loads), decisions stay what one router would make: follow-ups stay sticky whichever replica
+answers. Stopping the launcher's router stops every replica."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
+from smetric_router.loadgen.sessions import run_sessions
+from smetric_router.router.cli import replica_argv
+from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP
+
+
+def test_replica_command_line_keeps_the_flags_but_the_first_process_own() -> None:
+    argv = ["--processes", "3", "--port=0", "--port-file", "/tmp/p", "--policy", "smetric",
+            "--prometheus-port", "9", "--worker-urls", "http://a:1", "http://b:1"]  # fmt: skip
+    out = replica_argv(argv, 4321)
+    assert out[1:3] == ["-m", "smetric_router"]
+    assert out[3:] == ["--policy", "smetric", "--worker-urls", "http://a:1", "http://b:1",
+                       "--port", "4321", "--reuse-port"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    spec = ClusterSpec(
+        router=RouterSpec(port=0, extra_args=(*ROUTER_ARGS, "--processes", "2")),
+        workers=WorkerSpec(count=3, speedup=SPEEDUP),
+    )
+    with Stack(spec) as s:
+        yield s
+
+
+def pids(stack: Stack, n: int = 40) -> set[int]:
+    seen = set()
+    for _ in range(n):
+        with urllib.request.urlopen(stack.url + "/health") as r:  # a new connection each time
+            seen.add(json.load(r)["pid"])
+    return seen
+
+
+def ready_everywhere(stack: Stack, timeout: float = 60) -> set[int]:
+    """Both replicas answering, each with every worker healthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(stack.url + "/readiness") as r:
+            ok = json.load(r)["healthy_workers"] == 3
+        seen = pids(stack)
+        if ok and len(seen) == 2:
+            return seen
+        assert time.monotonic() < deadline, f"replicas seen: {seen}"
+        time.sleep(0.2)
+
+
+async def test_replicas_share_the_port_and_keep_sessions_sticky(stack: Stack) -> None:
+    seen = ready_everywhere(stack)
+    # 8 sessions at once: their connections land on both replicas; a follow-up may reach another
+    # replica than its previous turn, which holds the same view (as in test_sessions.py, a reply's
+    # KV events can trail the next turn by a moment: 90 %).
+    report = await run_sessions(stack.url, sessions=8, turns=4)
+    pairs = report.followups()
+    sticky_same = [f for p, f in pairs if f.reason == "sticky" and f.worker == p.worker]
+    assert len(sticky_same) >= 0.9 * len(pairs), report.summary()
+    stack.stop()
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in seen):
+        assert time.monotonic() < deadline, "a replica outlived the stack"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
