@@ -383,12 +383,11 @@ def _pct(x: float | None) -> str:
 
 
 def knee(runs: list[Run], setup: Setup, threshold: float = 0.9) -> float:
-    """The lowest rate at which some router's SLO attainment falls below the threshold (the
-    highest rate when none does)."""
-    for rate in sorted(setup.rates):
-        if any(r.result.get("slo_attainment", 1.0) < threshold for r in runs if r.rate == rate):
-            return rate
-    return max(setup.rates)
+    """The highest swept rate at which the best router still keeps >= threshold of its requests
+    in SLO: the most load the cluster can serve, where routers differ most (the lowest rate
+    when none does)."""
+    ok = [r.rate for r in runs if r.result.get("slo_attainment", 0) >= threshold]
+    return max(ok) if ok else min(setup.rates)
 
 
 def max_rate_in_slo(runs: list[Run], name: str, threshold: float = 0.9) -> str:
@@ -430,7 +429,8 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         "turn sent when the previous reply ends; streaming.",
         f"- SLO (`--goodput`): TTFT ≤ {setup.slo_ttft_ms:g} ms and TPOT ≤ {setup.slo_tpot_ms:g} "
         "ms. "
-        "Max rate in SLO: the highest swept rate with ≥ 90 % of requests in SLO.",
+        "Max rate in SLO: the highest swept rate with ≥ 90 % of requests in SLO. The knee: the "
+        "highest swept rate at which the best router still has ≥ 90 % in SLO.",
         "- Cached share: the workers' own counters (`sglang:cached_tokens_total` / "
         "`sglang:prompt_tokens_total`) over the run. Follow-ups with history cached: the share "
         "of follow-up turns whose previous prompt (all but its last partial page) was cached "
