@@ -52,7 +52,7 @@ def test_router_binds_port_0_and_reports_it(tmp_path: Path) -> None:
     argv = ["smetric_router", "--port", "0", "--prometheus-port", "0", "--log-level", "warning"]
     with reported(argv, tmp_path / "r.json") as ports:
         assert set(ports) == {"http", "prometheus"} and 0 not in ports.values()
-        assert _get(f"http://127.0.0.1:{ports['http']}/health") == {"status": "ok"}
+        assert _get(f"http://127.0.0.1:{ports['http']}/health")["status"] == "ok"
         with urllib.request.urlopen(f"http://127.0.0.1:{ports['prometheus']}/metrics") as r:
             assert b"smetric_requests_total" in r.read()
 
