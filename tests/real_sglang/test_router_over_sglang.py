@@ -331,7 +331,8 @@ async def test_probe_cache_view_sticks_follow_ups(sglang_stack: Stack, probe_rou
 
 
 PEERS = {
-    "smg": ["{bin}/smg", "launch", "--policy", "cache_aware"],
+    # python -m smg: .venv-sglang/bin/smg is sglang-router's script (both wheels ship one)
+    "smg": ["{python}", "-m", "smg", "launch", "--policy", "cache_aware"],
     "sglang-router": ["{python}", "-m", "sglang_router.launch_router", "--policy", "cache_aware"],
 }
 
