@@ -13,7 +13,9 @@ ARGS ?=
 .PHONY: run test setup sglang
 setup: $(VENV)/.installed
 
+# libibverbs1: what Mooncake's native client and mooncake_master (the `mooncake` extra) link against.
 $(VENV)/.installed: pyproject.toml
+	dpkg -s libibverbs1 >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libibverbs1; }
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,bench,mooncake]'
