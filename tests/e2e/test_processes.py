@@ -6,7 +6,6 @@ answers. Stopping the launcher's router stops every replica."""
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from smetric_router.loadgen.sessions import run_sessions
 from smetric_router.router.cli import replica_argv
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP
+from tests.launch.test_launcher_process import _alive
 
 
 def test_replica_command_line_keeps_the_flags_but_the_first_process_own() -> None:
@@ -73,11 +73,3 @@ async def test_replicas_share_the_port_and_keep_sessions_sticky(stack: Stack) ->
     while any(_alive(p) for p in seen):
         assert time.monotonic() < deadline, "a replica outlived the stack"
         time.sleep(0.1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
