@@ -273,6 +273,12 @@ class EventsL3:
         self.index = index
         self.stats = L3Stats({"hit": 0, "miss": 0})
 
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        """Nothing to start: the KV-event feeds fill the index."""
+
+    async def stop(self) -> None:
+        """Nothing to stop."""
+
     async def lookup(self, prefix: str, features: RequestFeatures) -> int | None:
         n = self.index.l3_match(features.page_hashes, features.page_size)
         self.stats.lookups["hit" if n else "miss"] += 1

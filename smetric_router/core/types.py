@@ -90,6 +90,9 @@ class ClusterView:
     def healthy(self) -> tuple[WorkerView, ...]:
         return tuple(w for w in self.workers if w.healthy)
 
+    def worker(self, url: str) -> WorkerView | None:
+        return next((w for w in self.workers if w.url == url), None)
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:

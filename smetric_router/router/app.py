@@ -15,10 +15,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from smetric_router.cluster.l3_view import EventsL3, L3State, MasterL3
-from smetric_router.core.types import NoWorkerAvailable, RequestFeatures
+from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
-from smetric_router.features.hashing import block_hash, page_digests
 from smetric_router.policies import make_policy
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.errors import RouterError, bad_request, no_worker
@@ -151,11 +150,11 @@ class RouterState:
                 handover_timeout=c.pd_handover_timeout_secs,
             )
         try:
-            if isinstance(self.l3, MasterL3):
+            if self.l3 is not None:
                 await self.l3.start(self._session)
             await self._registry.initialize(c.worker_specs())
         except BaseException:
-            if isinstance(self.l3, MasterL3):
+            if self.l3 is not None:
                 await self.l3.stop()
             await self._session.close()
             raise
@@ -166,7 +165,7 @@ class RouterState:
             await self._registry.stop()
         if self.kv_feeds is not None:
             await self.kv_feeds.stop()
-        if isinstance(self.l3, MasterL3):
+        if self.l3 is not None:
             await self.l3.stop()
         if self._session is not None:
             await self._session.close()
@@ -382,13 +381,11 @@ async def handle_prefix_match(request: web.Request) -> web.Response:
         model = _check_model(body, state.registry.models())
         results, l3 = [], []
         for prompt in prompts:
-            digests = page_digests(prompt, page_size)
-            hashes = [block_hash(d) for d in digests]
-            hits = state.hits.match(hashes, page_size)
+            # the same features a /generate of these ids gets (digests too, with --l3-view master)
+            f = state.router.features.from_generate({"input_ids": prompt})
+            hits = state.hits.match(f.page_hashes, page_size)
             results.append({w: {"device": g, "host": h} for w, (g, h) in hits.items()})
             if state.l3 is not None:
-                f = RequestFeatures(len(prompt), hashes, page_size, None, 0, model=model,
-                                    page_digests=b"".join(digests))  # fmt: skip
                 l3.append(await state.router.l3_lookup(f, model))
     except RouterError as e:
         return e.response()

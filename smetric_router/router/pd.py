@@ -251,10 +251,8 @@ class PdProxy:
     ) -> web.StreamResponse | _Failed:
         features = pair.prefill.features
         # What the prefill will not compute: its local hit, or what it loads from L3.
-        hit = next(
-            (max(w.hit, w.l3_hit or 0) for w in pair.prefill.view.workers if w.url == prefill.url),
-            0,
-        )
+        w = pair.prefill.view.worker(prefill.url)
+        hit = max(w.hit, w.l3_hit or 0) if w is not None else 0
         held = _Held(prefill, decode, max(0, features.prompt_len - hit), features.prompt_len)
         p_task = asyncio.create_task(self._prefill(prefill, path, payload, headers))
         d_task = asyncio.create_task(self._decode_head(decode, path, payload, headers))

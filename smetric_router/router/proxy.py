@@ -75,7 +75,7 @@ def hit_headers(routed: Routed) -> dict[str, str]:
     x-smetric-hit `gpu=N; host=N; l3=N|unknown` in leading prompt tokens (gpu: on its GPU; host:
     on its GPU or host, HiCache's L1+L2; l3: in the global tier, 0 without an L3 view) and
     x-smetric-tier: where the deepest part of it comes from (gpu, host, l3 or none)."""
-    w = next((w for w in routed.view.workers if w.url == routed.decision.worker), None)
+    w = routed.view.worker(routed.decision.worker)
     if w is None:
         return {}
     l3 = "unknown" if w.l3_hit is None else str(w.l3_hit)
