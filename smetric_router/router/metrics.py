@@ -201,20 +201,28 @@ class RouterMetrics:
             ["tier"],
             registry=r,
         )
+        self._tiers: dict[str, Counter] = {}
         r.register(_WorkerCollector(sample_workers))
         if sample_l3 is not None:
             r.register(_L3Collector(sample_l3))
 
     def count_prefix(self, gpu: int, local: int, l3: int | None) -> None:
-        c = self.prefix_tokens
+        """Once per decision: the chosen worker's cached prefix by tier."""
         if gpu:
-            c.labels("gpu").inc(gpu)
+            self._tier("gpu").inc(gpu)
         if local > gpu:
-            c.labels("host").inc(local - gpu)
+            self._tier("host").inc(local - gpu)
         if l3 is None:
-            c.labels("l3_unknown").inc()
+            self._tier("l3_unknown").inc()
         elif l3 > local:
-            c.labels("l3").inc(l3 - local)
+            self._tier("l3").inc(l3 - local)
+
+    def _tier(self, tier: str) -> Counter:
+        # .labels() hashes and locks on every call; the request path keeps the children instead
+        child = self._tiers.get(tier)
+        if child is None:
+            child = self._tiers[tier] = self.prefix_tokens.labels(tier)
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
