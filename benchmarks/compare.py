@@ -4,6 +4,7 @@
     python -m benchmarks.compare --quick    # 3 workers, 16 conversations, 2 rates (< 10 min)
     python -m benchmarks.compare --config launch/emulated.yaml --routers smetric,smg/cache_aware
     python -m benchmarks.compare --trace ../shared/traces/mooncake-conversation.jsonl --tag mc
+    python -m benchmarks.compare --config launch/sglang-cpu.yaml --agent --tag sglang-agent
 
 One cluster (the launcher's workers, emulated by default, any `--config` cluster spec), no router
 from the launcher. For each router under test and each rate: start the router on a free loopback
@@ -14,6 +15,14 @@ project trace (`smetric_router.traces.to_agentic`; by default a generated agenti
 round by round, the server's reply fed back into the next round. `--request-rate` is the arrival
 rate of conversations (Poisson). `--goodput` under the TTFT/TPOT SLO, `--cache-report`,
 `--output-details`, one JSONL per run. Offline: HF_HUB_OFFLINE=1, the bundled tokenizer.
+
+`--agent`: the shape coding agents send. Follow-ups are tool results (`role: tool`) and every
+request carries tool definitions (`--extra-request-body`); and because bench_serving's multi-turn
+replay keeps only role and content of each message, each router also serves a few sessions of
+`smetric_router.loadgen.sessions --tools` (assistant `tool_calls`, tool results), whose follow-ups
+should find their previous prompt cached where they land. Use it with real SGLang workers
+(`--config launch/sglang-cpu.yaml`): they render with the model's template, so a router whose
+prompt is not the worker's loses its hits there.
 
 Per run it also reads the workers' /metrics (prompt and cached token counters: the cached share of
 prompt tokens whatever the router forwards) and, for smetric-router, the router's decision counter
@@ -28,6 +37,7 @@ cores), not measurements of a GPU.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -45,7 +55,14 @@ from pathlib import Path
 from typing import Any
 
 from smetric_router.launch import ClusterSpec, Stack, WorkerSpec, free_port, load_spec, router_args
-from smetric_router.launch.kinds.sglang import CPU_SITE, ROOT, sglang_python
+from smetric_router.launch.kinds.sglang import (
+    CPU_SITE,
+    ROOT,
+    TINY_MODEL_NAME,
+    sglang_python,
+    tokenizer_path,
+)
+from smetric_router.loadgen.sessions import run_sessions
 from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.to_agentic import DEFAULT_TOKENIZER, Options, convert_file
 
@@ -90,6 +107,8 @@ class Setup:
     slo_ttft_ms: float = 2000.0
     slo_tpot_ms: float = 100.0
     routers: tuple[str, ...] = tuple(ROUTERS)
+    agent: bool = False  # tool results, tool definitions, and a tool-call session check
+    tool_sessions: int = 8  # --agent: loadgen sessions (4 turns) per router
 
 
 QUICK = replace(Setup(), workers=3, sessions=100, conversations=16, max_turns=5, rates=(1.0, 3.0))
@@ -108,6 +127,7 @@ class Run:
     decisions: dict[str, float] = field(default_factory=dict)  # smetric: reason -> count
     command: str = ""
     turns: tuple[int, ...] = ()  # the conversations' lengths, in the dataset's (= replay) order
+    tool_calls: dict[str, Any] = field(default_factory=dict)  # --agent: the loadgen check
 
     @property
     def cached_share(self) -> float | None:
@@ -126,7 +146,8 @@ class Run:
         return {"router": self.router, "rate": self.rate,
                 "worker_prompt_tokens": self.prompt_tokens,
                 "worker_cached_tokens": self.cached_tokens, "decisions": self.decisions,
-                "command": self.command, "turns": list(self.turns)}  # fmt: skip
+                "command": self.command, "turns": list(self.turns),
+                "tool_calls": self.tool_calls}  # fmt: skip
 
     @property
     def history_hit(self) -> float | None:
@@ -264,9 +285,11 @@ def bench_env() -> dict[str, str]:
 
 
 def bench_argv(sglang_py: str, url: str, model: str, dataset: Path, setup: Setup, rate: float,
-               out: Path, n_conv: int) -> list[str]:  # fmt: skip
+               out: Path, n_conv: int, tokenizer: str = str(DEFAULT_TOKENIZER),
+               tools: list[Any] | None = None) -> list[str]:  # fmt: skip
+    extra = ["--extra-request-body", json.dumps({"tools": tools})] if tools else []
     return [sglang_py, "-m", "sglang.benchmark.serving", "--backend", "sglang-oai-chat",
-            "--base-url", url, "--model", model, "--tokenizer", str(DEFAULT_TOKENIZER),
+            "--base-url", url, "--model", model, "--tokenizer", tokenizer, *extra,
             "--dataset-name", "agentic-trace", "--dataset-path", str(dataset),
             "--num-prompts", str(n_conv), "--sharegpt-output-len", str(setup.output_len),
             "--request-rate", f"{rate:g}", "--seed", "1", "--warmup-requests", "0",
@@ -286,7 +309,7 @@ def workload(setup: Setup, trace: Path | None, work: Path) -> tuple[Path, dict[s
     opts = Options(conversations=setup.conversations, max_turns=setup.max_turns,
                    min_turns=setup.min_turns,
                    tokens_per_block=setup.tokens_per_block,
-                   max_prompt_tokens=setup.max_prompt_tokens)  # fmt: skip
+                   max_prompt_tokens=setup.max_prompt_tokens, agent=setup.agent)  # fmt: skip
     out = work / "conversations.json"
     doc = convert_file(trace, out, opts)
     return out, doc["metadata"]
@@ -301,9 +324,14 @@ def default_spec(setup: Setup) -> ClusterSpec:
 def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: Path,
             log: Any = print) -> list[Run]:  # fmt: skip
     sglang_py = sglang_python(spec.sglang)
-    turns = tuple(len(c) for c in json.loads(dataset.read_text())["conversations"])
-    model = spec.workers.model_name if spec.workers.kind == "emulated" else (
-        spec.sglang.served_model_name or "smetric-tiny-qwen3")  # fmt: skip
+    doc = json.loads(dataset.read_text())
+    turns = tuple(len(c) for c in doc["conversations"])
+    tools = doc["metadata"].get("tools")
+    emulated = spec.workers.kind == "emulated"
+    model = spec.workers.model_name if emulated else (
+        spec.sglang.served_model_name or TINY_MODEL_NAME)  # fmt: skip
+    # the workers' tokenizer: bench_serving counts with it, the tool-call check renders with it
+    tok = str(DEFAULT_TOKENIZER) if emulated else tokenizer_path(spec.sglang)
     runs: list[Run] = []
     stack = Stack(spec)
     try:
@@ -322,7 +350,8 @@ def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: P
                     d0 = decisions(url)
                     out = work / f"{slug}.jsonl"
                     out.unlink(missing_ok=True)
-                    cmd = bench_argv(sglang_py, url, model, dataset, setup, rate, out, n_conv)
+                    cmd = bench_argv(sglang_py, url, model, dataset, setup, rate, out, n_conv,
+                                     tok, tools)  # fmt: skip
                     t0 = time.monotonic()
                     with (work / f"{slug}.bench.log").open("wb") as blog:
                         rc = subprocess.run(cmd, env=bench_env(), stdout=blog,
@@ -333,6 +362,10 @@ def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: P
                         )
                     p1, c1 = token_counters(workers)
                     d1 = decisions(url)
+                    calls = {}
+                    if setup.agent and rate == setup.rates[0]:
+                        flush(workers)
+                        calls = tool_call_check(url, model, tok, setup.tool_sessions)
                 result = json.loads(out.read_text().splitlines()[-1])
                 run = Run(
                     name,
@@ -343,6 +376,7 @@ def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: P
                     {k: v - d0.get(k, 0.0) for k, v in d1.items()},
                     shlex.join(cmd),
                     turns,
+                    calls,
                 )
                 runs.append(run)
                 (work / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
@@ -355,6 +389,18 @@ def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: P
     finally:
         stack.stop()
     return runs
+
+
+def tool_call_check(url: str, model: str, tokenizer: str, sessions: int) -> dict[str, Any]:
+    """Agent sessions with structured tool calls through the router (bench_serving cannot send
+    them): the share of follow-ups that found their previous prompt cached where they ran."""
+    run = run_sessions(url, sessions=sessions, turns=4, max_tokens=16, model=model,
+                       tokenizer_path=tokenizer, tools=True)  # fmt: skip
+    report = asyncio.run(run)
+    reasons = report.reasons()
+    sticky = reasons.get("sticky", 0) if reasons.get("first-turn-balance") else None
+    return {"sessions": sessions, "followups": len(report.followups()),
+            "prompt_covered": report.prompt_covered_share(), "sticky": sticky}  # fmt: skip
 
 
 def slug_of(name: str, rate: float) -> str:
@@ -371,7 +417,7 @@ def load_runs(setup: Setup, work: Path) -> list[Run]:
             result = json.loads((work / f"{slug}.jsonl").read_text().splitlines()[-1])
             runs.append(Run(name, rate, result, side["worker_prompt_tokens"],
                             side["worker_cached_tokens"], side["decisions"], side["command"],
-                            tuple(side["turns"])))  # fmt: skip
+                            tuple(side["turns"]), side.get("tool_calls") or {}))  # fmt: skip
     return runs
 
 
@@ -445,7 +491,25 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         "the router does not say (peers; smetric-router's baseline policies only report their own "
         "name).",
         "- Emulated workers model H20 timing in real time on this CPU; the router, the workers "
-        "and the client share 2 cores, so absolute numbers include their Python overheads.",
+        "and the client share 2 cores, so absolute numbers include their Python overheads."
+        if spec.workers.kind == "emulated"
+        else "- Real SGLang 0.5.23 workers on this CPU serving the tiny random-weight Qwen3 "
+        "(`--load-format dummy`; the model's Qwen3-Coder-style template renders tools in the "
+        "system turn): token counts, caching and the template are real, timing is this 2-core "
+        "CPU's shared with the router and the client, not a GPU's.",
+        *(
+            [
+                "- Agent shape (`--agent`): every request carries "
+                f"{len(meta.get('tools', []))} coding-agent tool definitions "
+                "(`--extra-request-body`; the template puts them in the system turn) and follow-up "
+                "turns read as tool output (a newline and indentation first) in user messages: "
+                "bench_serving's multi-turn replay keeps only role and content, and a `role: tool` "
+                "message without `tool_call_id` is refused by smg (400). The assistant turns are "
+                "the server's own replies; structured tool calls are checked below."
+            ]
+            if setup.agent
+            else []
+        ),
         "",
         "| router | rate (conv/s) | req/s | out tok/s | goodput (req/s) | in SLO | "
         "TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | cached share | "
@@ -469,6 +533,22 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         lines.append(f"| {name} | {max_rate_in_slo(runs, name)} | "
                      f"{at.result.get('request_goodput', 0) if at else float('nan'):.2f} | "
                      f"{at.result['p90_ttft_ms'] if at else float('nan'):.0f} |")  # fmt: skip
+    checked = [r for r in runs if r.tool_calls]
+    if checked:
+        lines += ["", "Structured tool calls (bench_serving cannot send them): per router, "
+                  f"{checked[0].tool_calls['sessions']} sessions of 4 turns from "
+                  "`smetric_router.loadgen.sessions --tools` (tool definitions, each reply sent "
+                  "back with an assistant `tool_calls` entry, then a `role: tool` result), "
+                  "caches flushed first. Previous prompt cached: follow-ups whose "
+                  "`usage.prompt_tokens_details.cached_tokens` reach the previous request's full "
+                  "prompt pages where they ran.", "",
+                  "| router | follow-ups | previous prompt cached | sticky decisions |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for r in checked:
+            tc = r.tool_calls
+            sticky = "n/a" if tc["sticky"] is None else f"{tc['sticky']} / {tc['followups']}"
+            lines.append(f"| {r.router} | {tc['followups']} | {_pct(tc['prompt_covered'])} | "
+                         f"{sticky} |")  # fmt: skip
     fail = [r for r in runs if r.result["completed"] < meta["turns"]]
     if fail:
         lines += [
@@ -544,6 +624,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-tokens", type=int)
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
+    p.add_argument(
+        "--agent",
+        action="store_true",
+        default=None,
+        help="agent-shaped requests: tool results, tool definitions, tool-call check",
+    )
+    p.add_argument("--tool-sessions", type=int, help="--agent: tool-call sessions per router")
     p.add_argument("--tag", default="", help="results file suffix: compare-TAG.md")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/smetric-compare"))
@@ -564,7 +651,7 @@ def setup_from(a: argparse.Namespace) -> Setup:
         s = replace(s, rates=tuple(float(x) for x in a.rates.split(",")))
     for key in ("workers", "conversations", "max_turns", "min_turns", "sessions", "gpu_kv_tokens",
                 "speedup", "tokens_per_block", "output_len", "max_prompt_tokens", "slo_ttft_ms",
-                "slo_tpot_ms"):  # fmt: skip
+                "slo_tpot_ms", "agent", "tool_sessions"):  # fmt: skip
         if getattr(a, key) is not None:
             s = replace(s, **{key: getattr(a, key)})
     return s

@@ -31,6 +31,14 @@ reply. A request that does not extend the previous one (a compaction, a sibling 
 prompt) starts a new conversation: the format can only append. Arrival times and gaps between
 turns are not kept: bench_serving sends conversations at its own `--request-rate` and each turn as
 soon as the previous reply ends.
+
+Agents (`--agent`). Every request carries coding-agent tool definitions (`metadata.tools`, sent with
+bench_serving's `--extra-request-body '{"tools": ...}'`; the model's template renders them into the
+system turn) and a follow-up's new text reads as a tool's output (a newline and indentation first).
+It stays a user message: bench_serving's multi-turn replay keeps only the role and content of each
+message, and OpenAI's schema requires `tool_call_id` on a `role: tool` message (smg 1.13 refuses
+one without: 400), so structured tool calls and results are sent by
+`smetric_router.loadgen.sessions --tools` instead. The replies are the server's own text.
 """
 
 from __future__ import annotations
@@ -55,6 +63,22 @@ from smetric_router.traces.schema import TraceRequest
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tokenizer"
 
 
+def _tool(name: str, description: str, **params: str) -> dict[str, Any]:
+    props = {k: {"type": "string", "description": v} for k, v in params.items()}
+    schema = {"type": "object", "properties": props, "required": list(params)}
+    function = {"name": name, "description": description, "parameters": schema}
+    return {"type": "function", "function": function}
+
+
+# What a coding agent declares on every request (its tools sit in the system turn of the prompt).
+AGENT_TOOLS: list[dict[str, Any]] = [
+    _tool("read_file", "Read a file of the repository.", path="path from the repository root"),
+    _tool("run", "Run a shell command in the repository and return its output.", cmd="the command"),
+    _tool("edit_file", "Replace a string in a file.", path="the file", old="the exact old text",
+          new="the replacement"),
+]  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     conversations: int = 0  # 0: all
@@ -62,6 +86,7 @@ class Options:
     min_turns: int = 1  # conversations with fewer turns are left out
     tokens_per_block: int = 0  # 0: the trace's block size (no scaling)
     max_prompt_tokens: int = 0  # 0: no cap; a conversation ends before a turn past it
+    agent: bool = False  # tool definitions in the metadata, follow-ups read as tool output
 
 
 class _Blocks:
@@ -148,8 +173,9 @@ def convert(reqs: Sequence[TraceRequest], opts: Options = Options(),
             prompt = _scaled(r.input_len, bs, tpb)
             if opts.max_prompt_tokens and prompt > opts.max_prompt_tokens:
                 break
-            turns.append({"messages": [{"role": "user", "content": blocks.text(new_ids)}],
-                          "prompt_tokens": prompt})  # fmt: skip
+            text = blocks.text(new_ids)
+            msg = {"role": "user", "content": "\n  " + text if opts.agent else text}
+            turns.append({"messages": [msg], "prompt_tokens": prompt})
             trace_out.append(r.output_len)
         if opts.max_prompt_tokens and _scaled(first.input_len, bs, tpb) > opts.max_prompt_tokens:
             continue
@@ -167,6 +193,7 @@ def convert(reqs: Sequence[TraceRequest], opts: Options = Options(),
             "max_turns": max(n_turns),
             "mean_first_prompt_tokens": round(sum(c[0]["prompt_tokens"] for c in out) / len(out)),
             "mean_output_tokens": round(sum(trace_out) / len(trace_out)),
+            **({"tools": AGENT_TOOLS} if opts.agent else {}),
         },
         "conversations": out,
     }
@@ -191,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="end a conversation before a longer prompt (0: no cap)")  # fmt: skip
     p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER,
                    help="tokenizer directory the text is sampled in")  # fmt: skip
+    p.add_argument(
+        "--agent",
+        action="store_true",
+        help="tool definitions in metadata.tools; follow-ups read as tool output",
+    )
     return p
 
 
@@ -208,7 +240,7 @@ def convert_file(trace: Path, out: Path, opts: Options, fmt: str = "auto", block
 def main(argv: Sequence[str] | None = None) -> None:
     a = build_parser().parse_args(argv)
     opts = Options(a.conversations, a.max_turns, a.min_turns, a.tokens_per_block,
-                   a.max_prompt_tokens)  # fmt: skip
+                   a.max_prompt_tokens, a.agent)  # fmt: skip
     doc = convert_file(a.trace, a.out, opts, a.format, a.block_size, a.tokenizer)
     m = doc["metadata"]
     print(f"wrote {m['conversations']} conversations, {m['turns']} turns (max {m['max_turns']}), "

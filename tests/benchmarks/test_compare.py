@@ -1,7 +1,8 @@
 """`python -m benchmarks.compare` end to end at its smallest size: 2 emulated workers, one router of
 each kind (smetric-router, smg, sglang-router), 4 conversations, one rate, driven by SGLang's own
 bench_serving from the CPU SGLang env. Catches a broken harness (converter, router command lines,
-bench_serving flags, the report), not a slow router."""
+bench_serving flags, the report), not a slow router. It runs the agent shape (`--agent`: tool
+definitions on every request, and the structured tool-call sessions through each router)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def test_smallest_comparison_end_to_end(tmp_path: Path) -> None:
     require_sglang_python()
     from benchmarks.compare import SMOKE, main
 
-    runs = main(["--smoke", "--work-dir", str(tmp_path / "work"), "--out-dir", str(tmp_path)])
+    runs = main(["--smoke", "--agent", "--tool-sessions", "4", "--work-dir", str(tmp_path / "work"),
+                 "--out-dir", str(tmp_path)])  # fmt: skip
     assert [r.router for r in runs] == list(SMOKE.routers)
     kinds = {r.router.split("/")[0] for r in runs}
     assert kinds == {"smetric", "smg", "sglang-router"}
@@ -32,8 +34,14 @@ def test_smallest_comparison_end_to_end(tmp_path: Path) -> None:
     smetric = next(r for r in runs if r.router == "smetric")
     assert smetric.stickiness is not None and smetric.decisions.get("first-turn-balance", 0) > 0
     assert all(r.stickiness is None for r in runs if r.router != "smetric")
+    # tool calls: every router's follow-ups found their previous prompt where they ran (the
+    # emulated workers render as the router does; real SGLang workers are the test of that)
+    for r in runs:
+        assert r.tool_calls["followups"] == 12 and r.tool_calls["prompt_covered"] == 1.0, r
+    assert smetric.tool_calls["sticky"] == 12
     md = (tmp_path / "compare-smoke.md").read_text()
     for r in runs:
         assert f"| {r.router} | " in md
+    assert "Structured tool calls" in md
     for png in ("compare-smoke_goodput.png", "compare-smoke_ttft_cdf.png"):
         assert (tmp_path / png).stat().st_size > 1000

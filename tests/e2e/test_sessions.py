@@ -30,3 +30,17 @@ async def test_load_balance_loses_stickiness(make_stack: StackFactory) -> None:
     report = await run_sessions(stack.url, sessions=16, turns=5)
     assert report.reasons() == {"load_balance": 80}
     assert report.stuck_share() <= 0.5, report.summary()
+
+
+async def test_agent_wire_shape_sticks_and_finds_the_previous_prompt(
+    make_stack: StackFactory,
+) -> None:
+    """Tool definitions, assistant tool_calls and tool results (what coding agents send): the
+    follow-ups stick and the worker's cached_tokens reach the previous prompt's full pages."""
+    stack = make_stack(policy="smetric")
+    report = await run_sessions(stack.url, sessions=8, turns=4, tools=True)
+    pairs = report.followups()
+    assert len(pairs) == 24
+    assert all(f.reason == "sticky" and f.worker == p.worker for p, f in pairs), report.summary()
+    assert report.prompt_covered_share() == 1.0, [(p.prompt_tokens, f.cached_tokens)
+                                                  for p, f in pairs]  # fmt: skip

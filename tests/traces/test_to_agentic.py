@@ -86,3 +86,18 @@ def test_cli_on_a_generated_trace(tmp_path: Path) -> None:
             assert turn["prompt_tokens"] > 0 and turn["messages"]
             assert all(set(m) == {"role", "content"} and m["content"] for m in turn["messages"])
             assert {m["role"] for m in turn["messages"]} <= {"system", "user"}
+
+
+def test_agent_mode_tools_ride_along_and_follow_ups_read_as_tool_output() -> None:
+    reqs = [_req("a0", "a", 0, [1, 2, 3], 48), _req("a1", "a", 1, [1, 2, 3, 4, 5], 80)]
+    plain = convert(reqs, Options(tokens_per_block=4))
+    agent = convert(reqs, Options(tokens_per_block=4, agent=True))
+    assert "tools" not in plain["metadata"]
+    names = [t["function"]["name"] for t in agent["metadata"]["tools"]]
+    assert names == ["read_file", "run", "edit_file"]
+    # the first turn is unchanged; the follow-up is the plain one's text as a tool prints it (a
+    # user message: bench_serving drops tool_call_id, which OpenAI's schema requires on tools)
+    assert agent["conversations"][0][0] == plain["conversations"][0][0]
+    [tool] = agent["conversations"][0][1]["messages"]
+    [user] = plain["conversations"][0][1]["messages"]
+    assert tool == {"role": "user", "content": "\n  " + user["content"]}
