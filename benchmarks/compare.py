@@ -1,6 +1,6 @@
 """smetric-router against SGLang's own gateways on one cluster, driven by SGLang's bench_serving.
 
-    python -m benchmarks.compare            # 4 emulated workers, all routers, 4 rates (~20 min)
+    python -m benchmarks.compare            # 4 emulated workers, all routers, 6 rates (~25 min)
     python -m benchmarks.compare --quick    # 3 workers, 16 conversations, 2 rates (< 10 min)
     python -m benchmarks.compare --config launch/emulated.yaml --routers smetric,smg/cache_aware
     python -m benchmarks.compare --trace ../shared/traces/mooncake-conversation.jsonl --tag mc
@@ -67,6 +67,7 @@ from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.to_agentic import DEFAULT_TOKENIZER, Options, convert_file
 
 RESULTS = Path(__file__).resolve().parent / "results"
+MOONCAKE_TRACE = ROOT.parent / "shared" / "traces" / "mooncake-conversation.jsonl"
 PAGE = 16  # the workers' page size (cached prefixes are whole pages)
 
 
@@ -102,12 +103,14 @@ class Setup:
     tokens_per_block: int = 4  # of the trace's 16: prompts scaled to 1/4 (~8K-token first turns)
     max_prompt_tokens: int = 20_000
     output_len: int = 32
-    rates: tuple[float, ...] = (2.0, 4.0, 6.0, 9.0)  # conversations per second
+    rates: tuple[float, ...] = (2.0, 4.0, 6.0, 9.0, 12.0, 16.0)  # conversations per second
     speedup: float = 1.0  # emulated workers: model seconds per wall second
     slo_ttft_ms: float = 2000.0
     slo_tpot_ms: float = 100.0
     routers: tuple[str, ...] = tuple(ROUTERS)
     agent: bool = False  # tool results, tool definitions, and a tool-call session check
+    dataset: str = "agentic-trace"  # or "mooncake": bench_serving's own Mooncake-trace replay
+    rounds: int = 3  # mooncake: --mooncake-num-rounds
     tool_sessions: int = 8  # --agent: loadgen sessions (4 turns) per router
 
 
@@ -284,15 +287,27 @@ def bench_env() -> dict[str, str]:
             "SMETRIC_SGLANG_CPU": "1", "PYTHONPATH": path}  # fmt: skip
 
 
-def bench_argv(sglang_py: str, url: str, model: str, dataset: Path, setup: Setup, rate: float,
-               out: Path, n_conv: int, tokenizer: str = str(DEFAULT_TOKENIZER),
-               tools: list[Any] | None = None) -> list[str]:  # fmt: skip
-    extra = ["--extra-request-body", json.dumps({"tools": tools})] if tools else []
-    return [sglang_py, "-m", "sglang.benchmark.serving", "--backend", "sglang-oai-chat",
-            "--base-url", url, "--model", model, "--tokenizer", tokenizer, *extra,
-            "--dataset-name", "agentic-trace", "--dataset-path", str(dataset),
-            "--num-prompts", str(n_conv), "--sharegpt-output-len", str(setup.output_len),
-            "--request-rate", f"{rate:g}", "--seed", "1", "--warmup-requests", "0",
+def bench_argv(sglang_py: str, url: str, model: str, work: Workload, setup: Setup, rate: float,
+               out: Path, tokenizer: str = str(DEFAULT_TOKENIZER)) -> list[str]:  # fmt: skip
+    n = str(work.meta["conversations"])
+    if setup.dataset == "mooncake":
+        # bench_serving's Mooncake replay runs on the native backend only (text to /generate) and
+        # schedules sessions by the trace's timestamps, ignoring --request-rate: the slowdown
+        # factor turns the trace's own session rate into the swept one
+        slowdown = work.meta["trace_sessions_per_s"] / rate
+        data = ["--backend", "sglang", "--dataset-name", "mooncake",
+                "--dataset-path", str(work.path), "--num-prompts", n,
+                "--mooncake-num-rounds", str(setup.rounds),
+                "--mooncake-slowdown-factor", f"{slowdown:.4g}"]  # fmt: skip
+    else:
+        tools = work.meta.get("tools")
+        extra = ["--extra-request-body", json.dumps({"tools": tools})] if tools else []
+        data = ["--backend", "sglang-oai-chat", *extra, "--dataset-name", "agentic-trace",
+                "--dataset-path", str(work.path), "--num-prompts", n,
+                "--sharegpt-output-len", str(setup.output_len),
+                "--request-rate", f"{rate:g}"]  # fmt: skip
+    return [sglang_py, "-m", "sglang.benchmark.serving", "--base-url", url, "--model", model,
+            "--tokenizer", tokenizer, *data, "--seed", "1", "--warmup-requests", "0",
             "--ready-check-timeout-sec", "0", "--disable-tqdm",
             "--goodput", f"ttft:{setup.slo_ttft_ms:g}", f"tpot:{setup.slo_tpot_ms:g}",
             "--cache-report", "--output-details", "--output-file", str(out)]  # fmt: skip
@@ -301,7 +316,25 @@ def bench_argv(sglang_py: str, url: str, model: str, dataset: Path, setup: Setup
 # --- the run ------------------------------------------------------------------------------------
 
 
-def workload(setup: Setup, trace: Path | None, work: Path) -> tuple[Path, dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class Workload:
+    path: Path  # what bench_serving reads
+    meta: dict[str, Any]
+    turns: tuple[int, ...]  # the conversations' lengths, in replay order
+
+    def save(self, work: Path) -> None:
+        doc = {"path": str(self.path), "metadata": self.meta, "turns": list(self.turns)}
+        (work / "workload.json").write_text(json.dumps(doc))
+
+    @staticmethod
+    def load(work: Path) -> Workload:
+        doc = json.loads((work / "workload.json").read_text())
+        return Workload(Path(doc["path"]), doc["metadata"], tuple(doc["turns"]))
+
+
+def workload(setup: Setup, trace: Path | None, work: Path) -> Workload:
+    if setup.dataset == "mooncake":
+        return mooncake_workload(setup, trace or MOONCAKE_TRACE)
     if trace is None:
         trace = work / f"agentic-{setup.sessions}-s{setup.seed}.jsonl"
         if not trace.exists():
@@ -312,7 +345,26 @@ def workload(setup: Setup, trace: Path | None, work: Path) -> tuple[Path, dict[s
                    max_prompt_tokens=setup.max_prompt_tokens, agent=setup.agent)  # fmt: skip
     out = work / "conversations.json"
     doc = convert_file(trace, out, opts)
-    return out, doc["metadata"]
+    return Workload(out, doc["metadata"], tuple(len(c) for c in doc["conversations"]))
+
+
+def mooncake_workload(setup: Setup, trace: Path) -> Workload:
+    """The first `conversations` records of a Mooncake trace (as bench_serving reads them), each a
+    session of `rounds` rounds."""
+    if not trace.exists():
+        raise SystemExit(f"{trace}: no such trace (the Mooncake traces are in ../shared/traces)")
+    with trace.open() as f:
+        every = [json.loads(line) for line in f if line.strip()]
+    recs = every[: setup.conversations]
+    # the trace's own session rate, over the whole file: its first records may share a timestamp
+    span_s = (max(r["timestamp"] for r in every) - min(r["timestamp"] for r in every)) / 1000
+    n = len(recs)
+    meta = {"source": str(trace), "format": "mooncake", "conversations": n,
+            "turns": n * setup.rounds, "max_turns": setup.rounds, "rounds": setup.rounds,
+            "trace_sessions_per_s": len(every) / max(span_s, 1e-3),
+            "mean_hash_ids": round(sum(len(r["hash_ids"]) for r in recs) / n, 1),
+            "mean_output_tokens": round(sum(r["output_length"] for r in recs) / n)}  # fmt: skip
+    return Workload(trace, meta, (setup.rounds,) * n)
 
 
 def default_spec(setup: Setup) -> ClusterSpec:
@@ -321,12 +373,9 @@ def default_spec(setup: Setup) -> ClusterSpec:
                                                       str(setup.gpu_kv_tokens))))  # fmt: skip
 
 
-def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: Path,
+def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
             log: Any = print) -> list[Run]:  # fmt: skip
     sglang_py = sglang_python(spec.sglang)
-    doc = json.loads(dataset.read_text())
-    turns = tuple(len(c) for c in doc["conversations"])
-    tools = doc["metadata"].get("tools")
     emulated = spec.workers.kind == "emulated"
     model = spec.workers.model_name if emulated else (
         spec.sglang.served_model_name or TINY_MODEL_NAME)  # fmt: skip
@@ -350,8 +399,7 @@ def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: P
                     d0 = decisions(url)
                     out = work / f"{slug}.jsonl"
                     out.unlink(missing_ok=True)
-                    cmd = bench_argv(sglang_py, url, model, dataset, setup, rate, out, n_conv,
-                                     tok, tools)  # fmt: skip
+                    cmd = bench_argv(sglang_py, url, model, load, setup, rate, out, tok)
                     t0 = time.monotonic()
                     with (work / f"{slug}.bench.log").open("wb") as blog:
                         rc = subprocess.run(cmd, env=bench_env(), stdout=blog,
@@ -375,7 +423,7 @@ def run_all(setup: Setup, spec: ClusterSpec, dataset: Path, n_conv: int, work: P
                     c1 - c0,
                     {k: v - d0.get(k, 0.0) for k, v in d1.items()},
                     shlex.join(cmd),
-                    turns,
+                    load.turns,
                     calls,
                 )
                 runs.append(run)
@@ -446,6 +494,39 @@ def max_rate_in_slo(runs: list[Run], name: str, threshold: float = 0.9) -> str:
     return "none" if best is None else f"{best:g}"
 
 
+def workload_lines(setup: Setup, meta: dict[str, Any]) -> list[str]:
+    if setup.dataset == "mooncake":
+        return [
+            f"- Workload: the first {meta['conversations']} records of `{meta['source']}` "
+            f"(Mooncake trace; {meta['mean_hash_ids']} hash ids and "
+            f"{meta['mean_output_tokens']} output tokens per record on average), each a "
+            f"session of {meta['rounds']} rounds, as bench_serving's own Mooncake replay "
+            'builds them: every hash id becomes its number and 128 × "hi", a round\'s user '
+            "message re-states the record's text, the prompt is the session's history with a "
+            'placeholder assistant reply ("story" × output length) between rounds, rendered '
+            "with the tokenizer's chat template on the client.",
+            "- Driver: SGLang 0.5.23 `python -m sglang.benchmark.serving --backend sglang "
+            f"--dataset-name mooncake --mooncake-num-rounds {meta['rounds']}` (its Mooncake "
+            "mode runs on the native backend only: text prompts to `/generate`, which every "
+            "router here serves). Sessions start at their trace timestamps scaled by "
+            "`--mooncake-slowdown-factor` (the rate column: sessions/s, the factor = the "
+            f"trace's {meta['trace_sessions_per_s']:.2f} sessions/s over it); a session's rounds "
+            "are sent together, so a round can only reuse an earlier round's prefill if it has "
+            "finished; streaming, output lengths from the trace.",
+        ]
+    return [
+        f"- Workload: {meta['conversations']} conversations, {meta['turns']} turns (max "
+        f"{meta['max_turns']}), converted from `{meta['source']}` ({meta['format']}) by "
+        f"`smetric_router.traces.to_agentic` at {meta['tokens_per_block']} tokens per "
+        f"{meta['block_size']}-token block (first prompt ~{meta['mean_first_prompt_tokens']} "
+        f"tokens); replies {setup.output_len} tokens (`--sharegpt-output-len`; the trace's mean "
+        f"is {meta['mean_output_tokens']}).",
+        "- Driver: SGLang 0.5.23 `python -m sglang.benchmark.serving --backend sglang-oai-chat "
+        "--dataset-name agentic-trace`, `--request-rate` = conversations/s (Poisson), each "
+        "turn sent when the previous reply ends; streaming.",
+    ]
+
+
 def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpec,
            argv: Sequence[str], out_md: Path, elapsed_s: float) -> None:  # fmt: skip
     import matplotlib
@@ -466,16 +547,7 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         f"workers (profile {spec.workers.profile}, speedup {spec.workers.speedup:g}, "
         f"extra args `{' '.join(spec.workers.extra_args)}`), each router on a free loopback port "
         "in front of the same workers, worker caches flushed before every run.",
-        f"- Workload: {meta['conversations']} conversations, {meta['turns']} turns (max "
-        f"{meta['max_turns']}), converted from `{meta['source']}` ({meta['format']}) by "
-        f"`smetric_router.traces.to_agentic` at {meta['tokens_per_block']} tokens per "
-        f"{meta['block_size']}-token block (first prompt ~{meta['mean_first_prompt_tokens']} "
-        "tokens);"
-        f" replies {setup.output_len} tokens (`--sharegpt-output-len`; the trace's mean is "
-        f"{meta['mean_output_tokens']}).",
-        "- Driver: SGLang 0.5.23 `python -m sglang.benchmark.serving --backend sglang-oai-chat "
-        "--dataset-name agentic-trace`, `--request-rate` = conversations/s (Poisson), each "
-        "turn sent when the previous reply ends; streaming.",
+        *workload_lines(setup, meta),
         f"- SLO (`--goodput`): TTFT ≤ {setup.slo_ttft_ms:g} ms and TPOT ≤ {setup.slo_tpot_ms:g} "
         "ms. "
         "Max rate in SLO: the highest swept rate up to which every rate had ≥ 90 % of requests "
@@ -631,6 +703,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="agent-shaped requests: tool results, tool definitions, tool-call check",
     )
     p.add_argument("--tool-sessions", type=int, help="--agent: tool-call sessions per router")
+    p.add_argument(
+        "--dataset",
+        choices=("agentic-trace", "mooncake"),
+        help="bench_serving dataset (default agentic-trace; mooncake: its Mooncake "
+        "replay of --trace, default ../shared/traces/mooncake-conversation.jsonl, "
+        "--conversations sessions of --rounds rounds)",
+    )
+    p.add_argument("--rounds", type=int, help="mooncake: rounds per session (default 3)")
     p.add_argument("--tag", default="", help="results file suffix: compare-TAG.md")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/smetric-compare"))
@@ -651,7 +731,7 @@ def setup_from(a: argparse.Namespace) -> Setup:
         s = replace(s, rates=tuple(float(x) for x in a.rates.split(",")))
     for key in ("workers", "conversations", "max_turns", "min_turns", "sessions", "gpu_kv_tokens",
                 "speedup", "tokens_per_block", "output_len", "max_prompt_tokens", "slo_ttft_ms",
-                "slo_tpot_ms", "agent", "tool_sessions"):  # fmt: skip
+                "slo_tpot_ms", "agent", "tool_sessions", "dataset", "rounds"):  # fmt: skip
         if getattr(a, key) is not None:
             s = replace(s, **{key: getattr(a, key)})
     return s
@@ -664,20 +744,22 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
     spec = load_spec(a.config) if a.config else default_spec(setup)
     if a.config and a.workers:
         spec = replace(spec, workers=replace(spec.workers, count=a.workers))
+    if spec.workers.kind == "sglang":  # the cached share comes from the workers' counters
+        spec = replace(spec, sglang=replace(spec.sglang, metrics=True))
     work = a.work_dir / (a.tag or ("smoke" if a.smoke else "quick" if a.quick else "full"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     summary = work / "summary.json"
     if a.report_only:
-        meta = json.loads((work / "conversations.json").read_text())["metadata"]
+        load = Workload.load(work)
         runs = load_runs(setup, work)
         prev = json.loads(summary.read_text()) if summary.exists() else {}
         argv, elapsed = prev.get("argv", argv), prev.get("elapsed_s", 0.0)
     else:
-        dataset, meta = workload(setup, a.trace, work)
-        print(f"workload: {meta}", flush=True)
-        runs = run_all(setup, spec, dataset, meta["conversations"], work,
-                       log=lambda s: print(s, flush=True))  # fmt: skip
+        load = workload(setup, a.trace, work)
+        load.save(work)
+        print(f"workload: {load.meta}", flush=True)
+        runs = run_all(setup, spec, load, work, log=lambda s: print(s, flush=True))
         elapsed = time.monotonic() - t0
         summary.write_text(json.dumps({"argv": argv, "elapsed_s": elapsed}))
     name = "compare" + (
@@ -685,7 +767,7 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
     )
     a.out_dir.mkdir(parents=True, exist_ok=True)
     out = a.out_dir / f"{name}.md"
-    report(runs, setup, meta, spec, argv, out, elapsed)
+    report(runs, setup, load.meta, spec, argv, out, elapsed)
     print(f"wrote {out}")
     return runs
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.sglang_env import require_sglang_python
+from tests.shared_ref import require_shared
 
 pytestmark = pytest.mark.sglang
 
@@ -45,3 +46,21 @@ def test_smallest_comparison_end_to_end(tmp_path: Path) -> None:
     assert "Structured tool calls" in md
     for png in ("compare-smoke_goodput.png", "compare-smoke_ttft_cdf.png"):
         assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_mooncake_mode_end_to_end(tmp_path: Path) -> None:
+    """bench_serving's own Mooncake replay (native backend, /generate text prompts) of the shared
+    trace's first records, rounds per session, through smetric-router and smg."""
+    require_sglang_python()
+    from benchmarks.compare import MOONCAKE_TRACE, main
+
+    require_shared(MOONCAKE_TRACE)
+    runs = main(["--smoke", "--dataset", "mooncake", "--rounds", "2", "--conversations", "3",
+                 "--routers", "smetric,smg/cache_aware", "--rates", "1",
+                 "--work-dir", str(tmp_path / "work"), "--out-dir", str(tmp_path)])  # fmt: skip
+    for r in runs:
+        assert r.result["completed"] == 6 and not any(r.result["errors"]), r.router
+        assert "--dataset-name mooncake" in r.command and "--backend sglang " in r.command
+        assert r.prompt_tokens > 0  # the workers counted the /generate prompts
+    md = (tmp_path / "compare-smoke.md").read_text()
+    assert "Mooncake replay" in md and "--mooncake-num-rounds 2" in md
