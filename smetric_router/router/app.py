@@ -34,6 +34,7 @@ from smetric_router.router.routing import (
     Router,
     TextTree,
 )
+from smetric_router.router.upstream import Upstream
 from smetric_router.router.workers import Role, WorkerRegistry, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class RouterState:
         self._registry: WorkerRegistry | None = None
         self._router: Router | None = None
         self._proxy: Proxy | None = None
+        self._upstream: Upstream | None = None
         self.pd: PdProxy | None = None  # set under PD disaggregation
         self.metrics = RouterMetrics(self.sample_workers, self.sample_l3 if l3 else None)
 
@@ -94,7 +96,14 @@ class RouterState:
         c = self.config
         # Many concurrent streams: no pool cap per worker; the overall cap guards file descriptors.
         connector = aiohttp.TCPConnector(limit=8192, limit_per_host=0, keepalive_timeout=60)
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            # Bytes pass through as the worker sent them: no Accept-Encoding of the router's own.
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            # A proxy keeps no cookies (and skips the jar's per-request filtering).
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
         self._registry = WorkerRegistry(
             session=self._session,
             page_size=c.page_size,
@@ -127,13 +136,14 @@ class RouterState:
             l3=self.l3,
             l3_key_prefix=c.l3_key_prefix,
         )
+        self._upstream = Upstream(connect_timeout=timeout.sock_connect or c.request_timeout_secs)
         self._proxy = Proxy(
-            session=self._session,
+            upstream=self._upstream,
             router=self._router,
             registry=self._registry,
             metrics=self.metrics,
             max_retries=c.max_retries,
-            timeout=timeout,
+            timeout=c.request_timeout_secs,
         )
         if c.pd_disaggregation:
             decode_policy = make_policy(c.decode_policy, c.policy_params)
@@ -167,6 +177,8 @@ class RouterState:
             await self.kv_feeds.stop()
         if self.l3 is not None:
             await self.l3.stop()
+        if self._upstream is not None:
+            self._upstream.close()
         if self._session is not None:
             await self._session.close()
 
@@ -281,9 +293,7 @@ def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
                 500, "internal router error", type_="server_error", code="internal_error"
             ).response()
         finally:
-            m = state.metrics
-            m.requests.labels(label, str(status)).inc()
-            m.duration.labels(label).observe(time.perf_counter() - started)
+            state.metrics.answered(label, status, time.perf_counter() - started)
 
     return handle
 

@@ -202,6 +202,10 @@ class RouterMetrics:
             registry=r,
         )
         self._tiers: dict[str, Counter] = {}
+        # children by label values, kept for the request path (see _tier)
+        self._requests: dict[tuple[str, int], Counter] = {}
+        self._durations: dict[str, Histogram] = {}
+        self._ttfts: dict[str, Histogram] = {}
         r.register(_WorkerCollector(sample_workers))
         if sample_l3 is not None:
             r.register(_L3Collector(sample_l3))
@@ -223,6 +227,23 @@ class RouterMetrics:
         if child is None:
             child = self._tiers[tier] = self.prefix_tokens.labels(tier)
         return child
+
+    def answered(self, endpoint: str, status: int, seconds: float) -> None:
+        """Once per generation request, when its response is done."""
+        counter = self._requests.get((endpoint, status))
+        if counter is None:
+            counter = self._requests[endpoint, status] = self.requests.labels(endpoint, str(status))
+        counter.inc()
+        duration = self._durations.get(endpoint)
+        if duration is None:
+            duration = self._durations[endpoint] = self.duration.labels(endpoint)
+        duration.observe(seconds)
+
+    def first_byte(self, endpoint: str, seconds: float) -> None:
+        ttft = self._ttfts.get(endpoint)
+        if ttft is None:
+            ttft = self._ttfts[endpoint] = self.ttft.labels(endpoint)
+        ttft.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -325,7 +325,6 @@ class PdProxy:
             data=payload,
             headers=headers,
             timeout=self.timeout,
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
         ) as resp:
             return resp.status, await resp.read(), resp.content_type
 
@@ -339,7 +338,6 @@ class PdProxy:
                 data=payload,
                 headers=headers,
                 timeout=self.timeout,
-                skip_auto_headers=("Accept-Encoding", "User-Agent"),
             )
         except UNREACHABLE as e:
             why_ = str(e) or type(e).__name__
@@ -373,7 +371,7 @@ class PdProxy:
         started: float,
         label: str,
     ) -> web.StreamResponse:
-        self.metrics.ttft.labels(label).observe(time.perf_counter() - started)
+        self.metrics.first_byte(label, time.perf_counter() - started)
         headers = CIMultiDict(
             (k, v) for k, v in resp.headers.items() if k.lower() not in DROP_RESPONSE
         )
@@ -384,5 +382,5 @@ class PdProxy:
         await out.prepare(request)
         await out.write(first)
         tail = first[-2:] if first else b"\n\n"
-        await copy_stream(out, resp.content.iter_any(), decode.url, self.metrics, tail)
+        await copy_stream(out, resp.content, decode.url, self.metrics, tail)
         return out

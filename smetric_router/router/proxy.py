@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -20,6 +21,7 @@ from multidict import CIMultiDict
 from smetric_router.router.errors import RouterError, sse_error_event
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.routing import Routed, Router
+from smetric_router.router.upstream import Lost, Response, Unreachable, Upstream, UpstreamError
 from smetric_router.router.workers import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,24 @@ def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return out
 
 
+def forward_head(raw: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """forward_headers as the header lines of an HTTP/1.1 request."""
+    return b"".join(
+        b"%s: %s\r\n" % (k, v)
+        for k, v in raw
+        if (lk := k.lower().decode("latin-1")) not in _HOP_BY_HOP
+        and not lk.startswith("x-smetric-")
+    )
+
+
+class Body(Protocol):
+    """What copy_stream reads: an upstream Response, or an aiohttp StreamReader (PD)."""
+
+    async def readany(self) -> bytes: ...
+
+    def is_eof(self) -> bool: ...
+
+
 def decision_headers(routed: Routed) -> dict[str, str]:
     return {
         WORKER_HEADER: routed.decision.worker,
@@ -90,12 +110,12 @@ def hit_headers(routed: Routed) -> dict[str, str]:
 
 @dataclass(slots=True)
 class Proxy:
-    session: aiohttp.ClientSession
+    upstream: Upstream
     router: Router
     registry: WorkerRegistry
     metrics: RouterMetrics
     max_retries: int
-    timeout: aiohttp.ClientTimeout
+    timeout: float  # a request's whole exchange with its worker, body included
 
     async def dispatch(
         self,
@@ -106,7 +126,7 @@ class Proxy:
         started: float,
         label: str,
     ) -> web.StreamResponse:
-        headers = forward_headers(request.headers)
+        headers = forward_head(request.raw_headers)
         excluded: list[str] = []
         while True:
             worker = self.registry.workers.get(routed.decision.worker)
@@ -150,32 +170,29 @@ class Proxy:
         )
 
     async def _send(
-        self, worker: Worker, path: str, body: bytes, headers: CIMultiDict[str], last: bool
-    ) -> tuple[str, aiohttp.ClientResponse | None]:
+        self, worker: Worker, path: str, body: bytes, headers: bytes, last: bool
+    ) -> tuple[str, Response | None]:
         """Open the request; a retryable failure comes back as (why, None)."""
         worker.inflight += 1
         try:
-            resp = await self.session.post(
-                worker.url + path,
-                data=body,
-                headers=headers,
-                timeout=self.timeout,
-                skip_auto_headers=("Accept-Encoding", "User-Agent"),
-            )
-        except UNREACHABLE as e:
+            resp = await self.upstream.post(worker.url, path, headers, body, self.timeout)
+        except Unreachable as e:
             worker.inflight -= 1
             why = str(e) or type(e).__name__
             # Only a refused or unroutable connection says the worker is down; a dropped
             # keep-alive connection can be a benign race.
-            if isinstance(e, aiohttp.ClientConnectorError):
+            if e.refused:
                 self.registry.mark_failed(worker, why)
             return why, None
+        except Lost as e:  # garbage for a head: another worker may do better
+            worker.inflight -= 1
+            return str(e), None
         except BaseException:
             worker.inflight -= 1
             raise
         if resp.status >= 500 and not last:
             worker.inflight -= 1
-            resp.release()
+            resp.close()
             return f"HTTP {resp.status}", None
         return "", resp
 
@@ -183,15 +200,13 @@ class Proxy:
         self,
         request: web.Request,
         worker: Worker,
-        resp: aiohttp.ClientResponse,
+        resp: Response,
         routed: Routed,
         started: float,
         label: str,
     ) -> web.StreamResponse:
         try:
-            headers = CIMultiDict(
-                (k, v) for k, v in resp.headers.items() if k.lower() not in DROP_RESPONSE
-            )
+            headers = CIMultiDict((k, v) for k, v in resp.headers if k.lower() not in DROP_RESPONSE)
             headers.update(decision_headers(routed))
             if resp.content_type == "text/event-stream":
                 return await self._stream(request, worker, resp, headers, started, label)
@@ -203,19 +218,17 @@ class Proxy:
     async def _whole(
         self,
         worker: Worker,
-        resp: aiohttp.ClientResponse,
+        resp: Response,
         headers: CIMultiDict[str],
         routed: Routed,
         started: float,
         label: str,
     ) -> web.Response:
-        parts: list[bytes] = []
         try:
-            async for chunk in resp.content.iter_any():
-                if not parts:
-                    self.metrics.ttft.labels(label).observe(time.perf_counter() - started)
-                parts.append(chunk)
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+            first = await resp.readany()
+            self.metrics.first_byte(label, time.perf_counter() - started)
+            body = first + await resp.read() if first else first
+        except (UpstreamError, asyncio.TimeoutError):
             raise RouterError(
                 502,
                 f"worker {worker.url} was lost while sending its response",
@@ -223,49 +236,42 @@ class Proxy:
                 code="worker_lost",
                 headers=decision_headers(routed),
             ) from None
-        return web.Response(status=resp.status, body=b"".join(parts), headers=headers)
+        return web.Response(status=resp.status, body=body, headers=headers)
 
     async def _stream(
         self,
         request: web.Request,
         worker: Worker,
-        resp: aiohttp.ClientResponse,
+        resp: Response,
         headers: CIMultiDict[str],
         started: float,
         label: str,
     ) -> web.StreamResponse:
         out = web.StreamResponse(status=resp.status, headers=headers)
-        await out.prepare(request)
-        chunks = resp.content.iter_any()
+        await out.prepare(request)  # headers go out with the first chunk
 
-        async def observed() -> AsyncIterator[bytes]:
-            first = True
-            async for chunk in chunks:
-                if first:
-                    self.metrics.ttft.labels(label).observe(time.perf_counter() - started)
-                    first = False
-                yield chunk
+        def first() -> None:
+            self.metrics.first_byte(label, time.perf_counter() - started)
 
-        await copy_stream(out, observed(), worker.url, self.metrics)
+        await copy_stream(out, resp, worker.url, self.metrics, on_first=first)
         return out
 
 
 async def copy_stream(
     out: web.StreamResponse,
-    chunks: AsyncIterator[bytes],
+    content: Body,
     upstream: str,
     metrics: RouterMetrics,
     tail: bytes = b"\n\n",
+    on_first: Callable[[], None] | None = None,
 ) -> None:
     """Pass chunks through as they come; a lost upstream ends the stream with an SSE error event
     and [DONE]. `tail`: the last bytes already written (to close a half-written event)."""
     while True:
         # Only upstream reads are guarded: a client that went away ends the handler.
         try:
-            chunk = await chunks.__anext__()
-        except StopAsyncIteration:
-            break
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            chunk = await content.readany()
+        except (aiohttp.ClientError, UpstreamError, asyncio.TimeoutError) as e:
             why = str(e) or type(e).__name__
             log.warning("stream from %s lost: %s", upstream, why)
             metrics.stream_errors.labels(upstream).inc()
@@ -273,6 +279,15 @@ async def copy_stream(
             sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
             await out.write(sep + sse_error_event(f"worker {upstream} lost mid-stream: {why}"))
             break
+        if not chunk:
+            break
+        if on_first is not None:
+            on_first()
+            on_first = None
+        if content.is_eof():
+            # The last chunk and the stream's end (and the headers, if still held) in one write.
+            await out.write_eof(chunk)
+            return
         await out.write(chunk)
         tail = (tail + chunk)[-2:]
     await out.write_eof()

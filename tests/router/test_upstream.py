@@ -1,0 +1,145 @@
+"""The proxy's own HTTP/1.1 client against a scripted raw server: framing, reuse, failures."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from smetric_router.router.upstream import Lost, Unreachable, Upstream
+
+# Reads one request head and body, then writes the scripted reply in pieces (None: pause).
+Script = list[bytes | None]
+Serve = Callable[[list[Script]], Awaitable[str]]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return head + await reader.readexactly(length)
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    servers: list[asyncio.Server] = []
+    seen: list[bytes] = []
+
+    async def make(replies: list[Script]) -> str:
+        queue = list(replies)
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while queue:
+                    seen.append(await _read_request(reader))
+                    for piece in queue.pop(0):
+                        if piece is None:
+                            await asyncio.sleep(0.05)
+                        else:
+                            writer.write(piece)
+                            await writer.drain()
+                    if queue and queue[0] == [b"close"]:
+                        queue.pop(0)
+                        break
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    make.seen = seen  # type: ignore[attr-defined]
+    yield make
+    for s in servers:
+        s.close()
+
+
+OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+
+
+async def test_chunked_reply_split_anywhere_reassembles(serve: Serve) -> None:
+    body = b"3\r\nabc\r\n5;ext=1\r\nde\r\nf\r\n0\r\nTrailer: x\r\n\r\n"
+    pieces: Script = [OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"]
+    pieces += [body[i : i + 1] for i in range(len(body))]
+    url = await serve([pieces, [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"]])
+    up = Upstream(connect_timeout=5)
+    resp = await up.post(url, "/x", b"X-A: 1\r\n", b"{}", timeout=5)
+    assert resp.status == 200 and resp.content_type == "text/event-stream"
+    assert ("X-A", "1") not in resp.headers  # a response header, not the request's
+    assert await resp.read() == b"abcde\r\nf"
+    assert resp.is_eof()
+    resp.close()
+    # The connection went back to the pool and serves the next request.
+    again = await up.post(url, "/y", b"", b"{}", timeout=5)
+    assert await again.read() == b"hi"
+    assert len(serve.seen) == 2  # type: ignore[attr-defined]
+    assert serve.seen[1].startswith(b"POST /y HTTP/1.1\r\nHost: 127.0.0.1:")  # type: ignore[attr-defined]
+    up.close()
+
+
+async def test_informational_head_is_skipped_and_length_body_streams(serve: Serve) -> None:
+    url = await serve(
+        [
+            [
+                b"HTTP/1.1 100 Continue\r\n\r\n",
+                OK_HEAD + b"Content-Length: 6\r\n\r\nabc",
+                None,
+                b"def",
+            ]
+        ]
+    )
+    up = Upstream(connect_timeout=5)
+    resp = await up.post(url, "/x", b"", b"{}", timeout=5)
+    assert resp.status == 200
+    assert await resp.readany() == b"abc"
+    assert not resp.is_eof()
+    assert await resp.readany() == b"def"
+    assert resp.is_eof() and await resp.readany() == b""
+    up.close()
+
+
+async def test_refused_connection_is_unreachable_and_refused() -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    with pytest.raises(Unreachable) as e:
+        await Upstream(connect_timeout=5).post(f"http://127.0.0.1:{port}", "/", b"", b"", 5)
+    assert e.value.refused
+
+
+async def test_close_before_any_byte_is_unreachable_not_refused(serve: Serve) -> None:
+    url = await serve([[]])  # reads the request, answers nothing, closes
+    with pytest.raises(Unreachable) as e:
+        await Upstream(connect_timeout=5).post(url, "/", b"", b"{}", 5)
+    assert not e.value.refused
+
+
+async def test_close_inside_the_body_is_lost(serve: Serve) -> None:
+    url = await serve([[OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"]])
+    resp = await Upstream(connect_timeout=5).post(url, "/", b"", b"{}", 5)
+    assert await resp.readany() == b"abc"
+    with pytest.raises(Lost):
+        await resp.readany()
+
+
+async def test_deadline_covers_head_and_body(serve: Serve) -> None:
+    url = await serve([[None, None, None, OK_HEAD + b"Content-Length: 1\r\n\r\nx"]])
+    with pytest.raises(asyncio.TimeoutError):
+        await Upstream(connect_timeout=5).post(url, "/", b"", b"{}", timeout=0.05)
+    url = await serve([[OK_HEAD + b"Content-Length: 2\r\n\r\nx", None, None, None, b"y"]])
+    resp = await Upstream(connect_timeout=5).post(url, "/", b"", b"{}", timeout=0.08)
+    assert await resp.readany() == b"x"
+    with pytest.raises(asyncio.TimeoutError):
+        await resp.readany()
+
+
+async def test_reply_until_close_ends_cleanly(serve: Serve) -> None:
+    url = await serve([[b"HTTP/1.1 200 OK\r\n\r\nall of it"], [b"close"]])
+    resp = await Upstream(connect_timeout=5).post(url, "/", b"", b"{}", 5)
+    assert await resp.read() == b"all of it"
