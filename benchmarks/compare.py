@@ -5,6 +5,7 @@
     python -m benchmarks.compare --config launch/emulated.yaml --routers smetric,smg/cache_aware
     python -m benchmarks.compare --trace ../shared/traces/mooncake-conversation.jsonl --tag mc
     python -m benchmarks.compare --config launch/sglang-cpu.yaml --agent --tag sglang-agent
+    python -m benchmarks.compare --dataset mooncake --rounds 3 --tag mooncake-rounds
 
 One cluster (the launcher's workers, emulated by default, any `--config` cluster spec), no router
 from the launcher. For each router under test and each rate: start the router on a free loopback
@@ -15,6 +16,11 @@ project trace (`smetric_router.traces.to_agentic`; by default a generated agenti
 round by round, the server's reply fed back into the next round. `--request-rate` is the arrival
 rate of conversations (Poisson). `--goodput` under the TTFT/TPOT SLO, `--cache-report`,
 `--output-details`, one JSONL per run. Offline: HF_HUB_OFFLINE=1, the bundled tokenizer.
+
+`--dataset mooncake`: bench_serving's own Mooncake replay of a Mooncake trace (default the shared
+conversation trace) instead: `--backend sglang` (text prompts to /generate, its only backend for
+that dataset), `--conversations` sessions of `--rounds` rounds at the trace's timestamps, the
+slowdown factor set so that sessions arrive at the swept rate.
 
 `--agent`: the shape coding agents send. Follow-ups are tool results (`role: tool`) and every
 request carries tool definitions (`--extra-request-body`); and because bench_serving's multi-turn
