@@ -61,7 +61,9 @@ class Stopwatch:
 
     def __init__(self, chat: ChatTokenizer) -> None:
         self.spent = {"render": 0.0, "tokenize": 0.0}
-        self._wrap(chat, "render", "render")
+        # the extractor's renders: the prompt (render_reusing) and est_hit's (shared_prefix)
+        self._wrap(chat, "render_reusing", "render")
+        self._wrap(chat, "shared_prefix", "render")
         self._wrap(chat.tokenizer, "encode_chat", "tokenize")
 
     def _wrap(self, obj: Any, method: str, phase: str) -> None:
@@ -289,11 +291,15 @@ def header(iterations: int) -> str:
             "Where the time goes. Extraction renders the chat whole with the model's chat "
             "template, as SGLang does (templates may rewrite earlier turns, so nothing short of "
             "rendering is exact), twice: the prompt, and the conversation through its last "
-            "assistant message (est_hit). The follow-up is matched to the previous request by "
-            "comparing message lists in C, and only the text after the last special token "
-            "before the first changed character is tokenized and hashed. `render` (both "
-            "renders) grows with the number of messages and with the template's work per "
-            "message; `tokenize` with the size and kind of the new text (random vocabulary "
+            "assistant message (est_hit). Both renders reuse the output of the message-loop "
+            "iterations an earlier render ran with the same message objects, neighbours and "
+            "outside values (features/loop_reuse.py: decided from the template's syntax tree, "
+            "exact), so `render` (both renders) is the template's work outside that loop, the "
+            "new messages' iterations, and a comparison and a copy that grow with the history "
+            "(the prompt's text is still built whole). The follow-up is matched to the previous "
+            "request by comparing message lists in C, and only the text after the last special "
+            "token before the first changed character is tokenized and hashed. `tokenize` grows "
+            "with the size and kind of the new text (random vocabulary "
             "words run together are BPE's slowest input, source code far cheaper). KvIndex.match "
             "binary-searches the prefix length for all 32 workers at once. Load average when this "
             f"run started: {os.getloadavg()[0]:.2f} on 2 cores shared with other jobs (they show "

@@ -28,7 +28,8 @@ from typing import Any
 from smetric_router.features import bodies
 from smetric_router.features.chat_tokenizer import ChatTokenizer
 from smetric_router.features.hashing import as_u32, page_digests, page_hashes
-from smetric_router.features.rendered import Rendered, common_prefix, render_from, truncated
+from smetric_router.features.loop_reuse import Loops
+from smetric_router.features.rendered import Rendered, render_from, truncated
 from smetric_router.features.sglang_chat import (
     Message,
     final_turn,
@@ -77,12 +78,14 @@ class _Tip:
     turns: int  # assistant messages among them
     last: int  # index of the last one, -1 for none
     hosted: bool  # whether one of them carries tools of its own
+    loops: Loops | None  # the loops of its prompt's render, for reuse by the next render
 
 
 class _Tips:
     """Earlier requests by (message count, last message fingerprint), least recently used
     dropped first, bounded in entries and in bytes: each distinct rendered prompt the entries
-    hold counts once with its whole chain (chains shared by several prompts count for each)."""
+    hold counts once with its whole chain (chains shared by several prompts count for each),
+    and each distinct render's loops with their text."""
 
     def __init__(self, entries: int, max_bytes: int) -> None:
         self._data: OrderedDict[tuple[int, int], _Tip] = OrderedDict()
@@ -102,11 +105,11 @@ class _Tips:
         if old is not None:
             self._release(old)
         self._data[key] = tip
-        held = id(tip.rendered)
-        count = self._held.get(held, 0)
-        if not count:
-            self._bytes += tip.rendered.total
-        self._held[held] = count + 1
+        for held, size in _held(tip):
+            count = self._held.get(held, 0)
+            if not count:
+                self._bytes += size
+            self._held[held] = count + 1
         while len(self._data) > 1 and (
             len(self._data) > self._entries or self._bytes > self._max_bytes
         ):
@@ -114,13 +117,13 @@ class _Tips:
             self._release(dropped)
 
     def _release(self, tip: _Tip) -> None:
-        held = id(tip.rendered)
-        count = self._held[held] - 1
-        if count:
-            self._held[held] = count
-        else:
-            del self._held[held]
-            self._bytes -= tip.rendered.total
+        for held, size in _held(tip):
+            count = self._held[held] - 1
+            if count:
+                self._held[held] = count
+            else:
+                del self._held[held]
+                self._bytes -= size
 
     def __len__(self) -> int:
         return len(self._data)
@@ -128,6 +131,14 @@ class _Tips:
     @property
     def bytes(self) -> int:
         return self._bytes
+
+
+def _held(tip: _Tip) -> list[tuple[int, int]]:
+    """The objects an entry holds that count towards the bytes: (id, bytes)."""
+    held = [(id(tip.rendered), tip.rendered.total)]
+    if tip.loops is not None:
+        held.append((id(tip.loops), tip.loops.bytes))
+    return held
 
 
 def _peek(message: object) -> int:
@@ -166,7 +177,15 @@ class ChatPrompts:
         hosted = hosted or any(hosts_tools(m) for m in ready[known:])
         tools = request_tools(body, hosted)
         kwargs = template_kwargs(body)
-        text = chat.render(final, tools, kwargs, True)
+        # the loop iterations the previous prompt's render shares with this one are reused
+        text, loops = chat.render_reusing(
+            final,
+            tools,
+            kwargs,
+            True,
+            tip.loops if tip is not None else None,
+            tip.rendered if tip is not None else None,  # whose prompt begins with its text
+        )
         base = tip.rendered if tip is not None else self._starts.get(_peek(messages[0]))
         rendered, shared = render_from(chat.tokenizer, text, self.page_size, base)
         shares_base = base is not None and shared == base.length
@@ -178,12 +197,14 @@ class ChatPrompts:
         history = 0
         if last >= 0:
             try:
-                shown = chat.render(rendered_messages[: last + 1], tools, kwargs, False)
+                shared = chat.shared_prefix(
+                    rendered_messages[: last + 1], tools, kwargs, False, loops, text
+                )
             except ValueError:  # a template that refuses to end on an assistant turn
-                shown = ""
-            history = rendered.tokens_through(common_prefix(shown, text))
+                shared = 0
+            history = rendered.tokens_through(shared)
 
-        new = _Tip(messages, ready, rendered, turns, last, hosted)
+        new = _Tip(messages, ready, rendered, turns, last, hosted, loops)
         self._remember(messages, known, tip, new, shares_base)
         if continued is None:
             return ChatPrompt(rendered, as_u32(()), rendered.page_hashes(), text, turns, history)

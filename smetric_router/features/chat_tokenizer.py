@@ -13,7 +13,8 @@ from typing import Any
 import jinja2
 
 from smetric_router.features.errors import FeatureError
-from smetric_router.features.jinja_env import compile_template
+from smetric_router.features.jinja_env import compile_reusing, compile_template
+from smetric_router.features.loop_reuse import Loops, Text
 from smetric_router.features.model_files import (
     DEFAULT_TOKENIZER_DIR,
     locate,
@@ -22,6 +23,7 @@ from smetric_router.features.model_files import (
     template_file,
 )
 from smetric_router.features.prompt_tokenizer import PromptTokenizer, load_tokenizer
+from smetric_router.features.rendered import common_prefix
 from smetric_router.features.sglang_chat import Message, template_message
 from smetric_router.features.template_traits import TemplateTraits, template_traits
 
@@ -43,6 +45,7 @@ class ChatTokenizer:
             raise ValueError(f"chat template from {origin}: {e}") from e
         self.traits: TemplateTraits = template_traits(template)
         self._special = special
+        self._reusing = compile_reusing(template)
 
     def message(self, message: object, index: int) -> Message:
         return template_message(message, index, self.traits.content_format)
@@ -66,6 +69,62 @@ class ChatTokenizer:
                 return self._render(messages, flat, kwargs, add_generation_prompt)
             except Exception as e:
                 raise FeatureError(f"Chat template error: {e}") from e
+
+    def render_reusing(
+        self,
+        messages: Sequence[Message],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+        add_generation_prompt: bool,
+        base: Loops | None,
+        source: Text | None,
+    ) -> tuple[str, Loops | None]:
+        """render's text, reusing the loop iterations of an earlier render (base, whose text
+        source gives) where they are known to render the same (loop_reuse); also this render's
+        loops for a later one."""
+        if self._reusing is None or not messages:
+            return self.render(messages, tools, kwargs, add_generation_prompt), None
+        variables = self._variables(messages, tools, kwargs, add_generation_prompt)
+        try:
+            return self._reusing.render(variables, base, source)
+        except Exception:  # rendered again as written, for render's retry and error
+            return self.render(messages, tools, kwargs, add_generation_prompt), None
+
+    def shared_prefix(
+        self,
+        messages: Sequence[Message],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+        add_generation_prompt: bool,
+        base: Loops | None,
+        text: str,
+    ) -> int:
+        """The length of the common prefix of render's text and text; base: the loops of the
+        render that made text, whose reused runs are not compared again (render_reusing)."""
+        if self._reusing is None or not messages:
+            return common_prefix(self.render(messages, tools, kwargs, add_generation_prompt), text)
+        variables = self._variables(messages, tools, kwargs, add_generation_prompt)
+        try:
+            return self._reusing.shared_prefix(variables, base, text)
+        except Exception:
+            shown = self.render(messages, tools, kwargs, add_generation_prompt)
+            return common_prefix(shown, text)
+
+    def _variables(
+        self,
+        messages: Sequence[Message],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+        add_generation_prompt: bool,
+    ) -> dict[str, Any]:
+        # as _render passes them (a kwarg named like one of these is a TypeError there too)
+        return dict(
+            messages=messages,
+            tools=tools,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **{**self._special, **kwargs},
+        )
 
     def _render(
         self,

@@ -33,6 +33,8 @@ import jinja2.parser
 from jinja2.runtime import Context, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from smetric_router.features.loop_reuse import ReusingTemplate, reusing_template
+
 
 class GenerationBlock(jinja2.ext.Extension):
     """{% generation %}...{% endgeneration %}: the body, rendered as if the tags were absent."""
@@ -156,6 +158,13 @@ def make_environment() -> ImmutableSandboxedEnvironment:
 def compile_template(source: str) -> jinja2.Template:
     """The compiled template (one environment per template, as transformers caches them)."""
     return make_environment().from_string(source)
+
+
+@functools.lru_cache(maxsize=16)
+def compile_reusing(source: str) -> ReusingTemplate | None:
+    """The template transformed to reuse an earlier render's loop iterations (loop_reuse), in
+    an environment of its own; None when no loop of it qualifies."""
+    return reusing_template(make_environment(), source)
 
 
 def parse_template(source: str) -> jinja2.nodes.Template:

@@ -96,6 +96,15 @@ class Rendered:
     def text(self) -> str:
         return "".join(node.tail[: end - node.start] for node, end, _ in self._segments())
 
+    def chars(self, start: int, end: int) -> str:
+        """text()[start:end], copied out of the nodes that hold it."""
+        pieces = []
+        for node, stop, _ in self._segments():
+            if stop > start and node.start < end:
+                lo = max(start, node.start) - node.start
+                pieces.append(node.tail[lo : min(end, stop) - node.start])
+        return "".join(pieces)
+
     def token_ids(self) -> array[int]:
         out = as_u32(())
         for node, _, end in self._segments():
