@@ -22,13 +22,13 @@ conversation trace) instead: `--backend sglang` (text prompts to /generate, its 
 that dataset), `--conversations` sessions of `--rounds` rounds at the trace's timestamps, the
 slowdown factor set so that sessions arrive at the swept rate.
 
-`--agent`: the shape coding agents send. Follow-ups are tool results (`role: tool`) and every
-request carries tool definitions (`--extra-request-body`); and because bench_serving's multi-turn
-replay keeps only role and content of each message, each router also serves a few sessions of
-`smetric_router.loadgen.sessions --tools` (assistant `tool_calls`, tool results), whose follow-ups
-should find their previous prompt cached where they land. Use it with real SGLang workers
-(`--config launch/sglang-cpu.yaml`): they render with the model's template, so a router whose
-prompt is not the worker's loses its hits there.
+`--agent`: the shape coding agents send. Every request carries tool definitions
+(`--extra-request-body`) and follow-ups read as tool output; because bench_serving's multi-turn
+replay keeps only role and content of each message (and smg refuses a `role: tool` message without
+`tool_call_id`), each router also serves a few sessions of `smetric_router.loadgen.sessions
+--tools` (assistant `tool_calls`, tool results), whose follow-ups should find their previous prompt
+cached where they land. Use it with real SGLang workers (`--config launch/sglang-cpu.yaml`): they
+render with the model's template, so a router whose prompt is not the worker's loses its hits there.
 
 Per run it also reads the workers' /metrics (prompt and cached token counters: the cached share of
 prompt tokens whatever the router forwards) and, for smetric-router, the router's decision counter
