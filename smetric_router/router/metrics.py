@@ -206,6 +206,7 @@ class RouterMetrics:
         self._requests: dict[tuple[str, int], Counter] = {}
         self._durations: dict[str, Histogram] = {}
         self._ttfts: dict[str, Histogram] = {}
+        self._decisions: dict[tuple[str, str], Counter] = {}
         r.register(_WorkerCollector(sample_workers))
         if sample_l3 is not None:
             r.register(_L3Collector(sample_l3))
@@ -227,6 +228,12 @@ class RouterMetrics:
         if child is None:
             child = self._tiers[tier] = self.prefix_tokens.labels(tier)
         return child
+
+    def decided(self, reason: str, worker: str) -> None:
+        counter = self._decisions.get((reason, worker))
+        if counter is None:
+            counter = self._decisions[reason, worker] = self.decisions.labels(reason, worker)
+        counter.inc()
 
     def answered(self, endpoint: str, status: int, seconds: float) -> None:
         """Once per generation request, when its response is done."""

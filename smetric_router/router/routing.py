@@ -194,7 +194,7 @@ class Router:
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         decision = self.policy.decide(features, view)
-        self.metrics.decisions.labels(decision.reason, decision.worker).inc()
+        self.metrics.decided(decision.reason, decision.worker)
         chosen = view.worker(decision.worker)
         if chosen is not None and self.role is not Role.DECODE:
             self.metrics.count_prefix(chosen.gpu_hit, chosen.hit, chosen.l3_hit)
