@@ -247,14 +247,23 @@ class Proxy:
         started: float,
         label: str,
     ) -> web.StreamResponse:
-        out = web.StreamResponse(status=resp.status, headers=headers)
-        await out.prepare(request)  # headers go out with the first chunk
+        # Headers go out at once, so a client sees the stream start before the first token;
+        # when that token is already here, they go out with it, in one write.
+        kind = _HeldHeaders if resp.has_body() else web.StreamResponse
+        out = kind(status=resp.status, headers=headers)
+        await out.prepare(request)
 
         def first() -> None:
             self.metrics.first_byte(label, time.perf_counter() - started)
 
         await copy_stream(out, resp, worker.url, self.metrics, on_first=first)
         return out
+
+
+class _HeldHeaders(web.StreamResponse):
+    # aiohttp's switch (web.Response's default) to hold the headers until the first body write;
+    # an aiohttp without it sends them at once, as StreamResponse does.
+    _send_headers_immediately = False
 
 
 async def copy_stream(

@@ -144,6 +144,10 @@ class Response:
     def is_eof(self) -> bool:
         return self._state == _DONE and not self._body
 
+    def has_body(self) -> bool:
+        """readany() would answer at once."""
+        return bool(self._body) or self._state == _DONE or self._exc is not None
+
     def close(self) -> None:
         """Done with it: an unfinished reply costs its connection."""
         if self._timer is not None:
