@@ -55,7 +55,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -235,6 +235,8 @@ def running(argv: list[str], url: str, model: str, log: Path, timeout_s: float =
         deadline = time.monotonic() + timeout_s
         while not _chat_ok(url, model):
             if proc.poll() is not None:
+                if re.search(rb"address already in use", log.read_bytes(), re.I):
+                    raise PortTaken(f"router could not bind; see {log}")
                 raise RuntimeError(f"router exited with {proc.returncode}; see {log}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"router not ready in {timeout_s:.0f} s; see {log}")
@@ -249,6 +251,31 @@ def running(argv: list[str], url: str, model: str, log: Path, timeout_s: float =
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def router_on_free_port(
+    name: str, spec: ClusterSpec, workers: list[str], sglang_py: str, stack: Stack, model: str,
+    log: Path, tries: int = 3,
+) -> Iterator[str]:  # fmt: skip
+    """The router on a free loopback port, its URL. Another process can take the port between
+    free_port() and the router's bind (other benchmarks on this machine): then a new port."""
+    for attempt in range(tries):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        try:
+            with running(router_argv(name, spec, workers, port, sglang_py, stack), url, model,
+                         log):  # fmt: skip
+                yield url
+                return
+        except PortTaken:
+            if attempt == tries - 1:
+                raise
+            print(f"{name}: port {port} was taken before the router bound it; another port")
 
 
 def flush(workers: list[str]) -> None:
@@ -396,10 +423,9 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
         for name in setup.routers:
             for rate in setup.rates:
                 slug = slug_of(name, rate)
-                port = free_port()
-                url = f"http://127.0.0.1:{port}"
-                argv = router_argv(name, spec, workers, port, sglang_py, stack)
-                with running(argv, url, model, work / f"{slug}.router.log"):
+                router_log = work / f"{slug}.router.log"
+                with router_on_free_port(name, spec, workers, sglang_py, stack, model,
+                                         router_log) as url:  # fmt: skip
                     flush(workers)
                     p0, c0 = token_counters(workers)
                     d0 = decisions(url)
