@@ -109,7 +109,6 @@ class Response:
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._exc: BaseException | None = None
-        self._got_bytes = False
         self._keep_alive = True
         self._timer = loop.call_at(deadline, self._timed_out) if deadline is not None else None
 
@@ -163,7 +162,6 @@ class Response:
     # feeding side ----------------------------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
-        self._got_bytes = True
         buf = self._buf
         buf += data
         out: list[bytes] = []
@@ -346,7 +344,8 @@ class Upstream:
         conn = self._pooled(target.origin)
         if conn is None:
             conn = await self._connect(target.origin, loop)
-        assert conn.transport is not None
+        if conn.lost or conn.transport is None:  # closed by the worker as soon as it opened
+            raise Unreachable(f"{base} closed the connection at once", refused=False)
         resp = Response(conn, loop, deadline)
         conn.resp = resp
         conn.transport.write(

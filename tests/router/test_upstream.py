@@ -143,3 +143,13 @@ async def test_reply_until_close_ends_cleanly(serve: Serve) -> None:
     url = await serve([[b"HTTP/1.1 200 OK\r\n\r\nall of it"], [b"close"]])
     resp = await Upstream(connect_timeout=5).post(url, "/", b"", b"{}", 5)
     assert await resp.read() == b"all of it"
+
+
+async def test_idle_connection_closed_by_the_worker_is_not_reused(serve: Serve) -> None:
+    one = [b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na"]
+    url = await serve([one, [b"close"], [b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb"]])
+    up = Upstream(connect_timeout=5)
+    assert await (await up.post(url, "/", b"", b"{}", 5)).read() == b"a"
+    await asyncio.sleep(0.05)  # the worker closed its side of the idle connection
+    assert await (await up.post(url, "/", b"", b"{}", 5)).read() == b"b"
+    up.close()
