@@ -526,6 +526,17 @@ def max_rate_in_slo(runs: list[Run], name: str, threshold: float = 0.9) -> str:
     return "none" if best is None else f"{best:g}"
 
 
+def cluster_line(spec: ClusterSpec) -> str:
+    w = spec.workers
+    if w.kind == "emulated":
+        return (f"{w.count} emulated workers (profile {w.profile}, speedup {w.speedup:g}, "
+                f"extra args `{' '.join(w.extra_args)}`)")  # fmt: skip
+    g = spec.sglang
+    return (f"{w.count} {w.kind} workers (model `{g.model_path}`, device {g.device}, "
+            f"--max-total-tokens {g.max_total_tokens}, HiCache {'on' if g.hicache else 'off'}, "
+            f"page size {w.page_size})")  # fmt: skip
+
+
 def workload_lines(setup: Setup, meta: dict[str, Any]) -> list[str]:
     if setup.dataset == "mooncake":
         return [
@@ -575,10 +586,8 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         f"Command: `python -m benchmarks.compare {' '.join(argv)}` ({elapsed_s / 60:.1f} min on "
         "this 2-core machine, shared with other work).",
         "",
-        f"- Cluster: {len(spec.workers.extra_args) and ''}{spec.workers.count} {spec.workers.kind} "
-        f"workers (profile {spec.workers.profile}, speedup {spec.workers.speedup:g}, "
-        f"extra args `{' '.join(spec.workers.extra_args)}`), each router on a free loopback port "
-        "in front of the same workers, worker caches flushed before every run.",
+        f"- Cluster: {cluster_line(spec)}, each router on a free loopback port in front of the "
+        "same workers, worker caches flushed before every run.",
         *workload_lines(setup, meta),
         f"- SLO (`--goodput`): TTFT ≤ {setup.slo_ttft_ms:g} ms and TPOT ≤ {setup.slo_tpot_ms:g} "
         "ms. "
