@@ -813,5 +813,10 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
     return runs
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run_all's finally: the workers stop too
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     main()
