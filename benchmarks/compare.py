@@ -367,7 +367,7 @@ class Workload:
 
 def workload(setup: Setup, trace: Path | None, work: Path) -> Workload:
     if setup.dataset == "mooncake":
-        return mooncake_workload(setup, trace or MOONCAKE_TRACE)
+        return mooncake_workload(setup, trace or MOONCAKE_TRACE, work)
     if trace is None:
         trace = work / f"agentic-{setup.sessions}-s{setup.seed}.jsonl"
         if not trace.exists():
@@ -381,23 +381,40 @@ def workload(setup: Setup, trace: Path | None, work: Path) -> Workload:
     return Workload(out, doc["metadata"], tuple(len(c) for c in doc["conversations"]))
 
 
-def mooncake_workload(setup: Setup, trace: Path) -> Workload:
-    """The first `conversations` records of a Mooncake trace (as bench_serving reads them), each a
-    session of `rounds` rounds."""
+# bench_serving's Mooncake text per hash id: its number and 128 x "hi" (~130 tokens)
+TOKENS_PER_HASH_ID = 130
+
+
+def mooncake_workload(setup: Setup, trace: Path, work: Path) -> Workload:
+    """The first `conversations` records of a Mooncake trace whose last round stays within
+    `max_prompt_tokens` (kept in order with their timestamps, in a file bench_serving reads),
+    each a session of `rounds` rounds."""
     if not trace.exists():
         raise SystemExit(f"{trace}: no such trace (the Mooncake traces are in ../shared/traces)")
     with trace.open() as f:
         every = [json.loads(line) for line in f if line.strip()]
-    recs = every[: setup.conversations]
-    # the trace's own session rate, over the whole file: its first records may share a timestamp
-    span_s = (max(r["timestamp"] for r in every) - min(r["timestamp"] for r in every)) / 1000
+
+    def last_round(r: dict[str, Any]) -> int:  # history of rounds + placeholder replies
+        base = len(r["hash_ids"]) * TOKENS_PER_HASH_ID
+        return setup.rounds * base + (setup.rounds - 1) * int(r.get("output_length", 256))
+
+    cap = setup.max_prompt_tokens
+    kept = [r for r in every if not cap or last_round(r) <= cap]
+    recs = kept[: setup.conversations]
+    if not recs:
+        raise SystemExit(f"no record of {trace} fits --max-prompt-tokens {cap}")
+    out = work / "mooncake-sessions.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    # the kept records' own session rate, over the whole file (its first records share t=0)
+    span_s = (max(r["timestamp"] for r in kept) - min(r["timestamp"] for r in kept)) / 1000
     n = len(recs)
     meta = {"source": str(trace), "format": "mooncake", "conversations": n,
             "turns": n * setup.rounds, "max_turns": setup.rounds, "rounds": setup.rounds,
-            "trace_sessions_per_s": len(every) / max(span_s, 1e-3),
+            "kept_share": len(kept) / len(every), "max_prompt_tokens": cap,
+            "trace_sessions_per_s": len(kept) / max(span_s, 1e-3),
             "mean_hash_ids": round(sum(len(r["hash_ids"]) for r in recs) / n, 1),
             "mean_output_tokens": round(sum(r["output_length"] for r in recs) / n)}  # fmt: skip
-    return Workload(trace, meta, (setup.rounds,) * n)
+    return Workload(out, meta, (setup.rounds,) * n)
 
 
 def default_spec(setup: Setup) -> ClusterSpec:
@@ -540,9 +557,11 @@ def cluster_line(spec: ClusterSpec) -> str:
 def workload_lines(setup: Setup, meta: dict[str, Any]) -> list[str]:
     if setup.dataset == "mooncake":
         return [
-            f"- Workload: the first {meta['conversations']} records of `{meta['source']}` "
-            f"(Mooncake trace; {meta['mean_hash_ids']} hash ids and "
-            f"{meta['mean_output_tokens']} output tokens per record on average), each a "
+            f"- Workload: the first {meta['conversations']} records of `{meta['source']}` whose "
+            f"last round stays within {meta['max_prompt_tokens']} tokens "
+            f"({100 * meta['kept_share']:.0f} % of the trace's records do; their timestamps "
+            f"kept), {meta['mean_hash_ids']} hash ids and "
+            f"{meta['mean_output_tokens']} output tokens per record on average, each a "
             f"session of {meta['rounds']} rounds, as bench_serving's own Mooncake replay "
             'builds them: every hash id becomes its number and 128 × "hi", a round\'s user '
             "message re-states the record's text, the prompt is the session's history with a "
