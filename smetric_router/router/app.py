@@ -14,6 +14,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from smetric_router.cluster.inflight import InflightPrefixes
 from smetric_router.cluster.l3_view import EventsL3, L3State, MasterL3
 from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.features.errors import FeatureError
@@ -63,6 +64,8 @@ class RouterState:
         self.hits = hits
         self.text_tree = text_tree
         self.kv_feeds = kv_feeds
+        # The pages of requests in flight, per worker (the KV-serving side only: not decode).
+        self.inflight = InflightPrefixes() if config.inflight_prefixes else None
         self.started = int(time.time())
         self._session: aiohttp.ClientSession | None = None
         self._registry: WorkerRegistry | None = None
@@ -135,6 +138,7 @@ class RouterState:
             else None,
             l3=self.l3,
             l3_key_prefix=c.l3_key_prefix,
+            inflight=self.inflight,
         )
         self._upstream = Upstream(connect_timeout=timeout.sock_connect or c.request_timeout_secs)
         self._proxy = Proxy(
@@ -192,6 +196,8 @@ class RouterState:
             await self.kv_feeds.remove_worker(url)
         if self.text_tree is not None:
             self.text_tree.remove_worker(url)
+        if self.inflight is not None:
+            self.inflight.remove_worker(url)
 
     def sample_l3(self) -> L3Sample | None:
         l3 = self.l3
@@ -228,6 +234,9 @@ class RouterState:
                     kv_resets=kv.resets if kv else 0,
                     kv_gaps_recovered=kv.gaps_recovered if kv else 0,
                     kv_decode_errors=kv.decode_errors if kv else 0,
+                    inflight_pages=self.inflight.pages(w.url)
+                    if self.inflight is not None and w.role is not Role.DECODE
+                    else None,
                 )
             )
         return out
@@ -472,10 +481,14 @@ async def handle_flush_cache(request: web.Request) -> web.Response:
             return 502, f"unreachable: {e or type(e).__name__}"
 
     results = await asyncio.gather(*(flush(w.url) for w in workers))
-    if state.text_tree is not None:  # the text tree's guess of a flushed cache is empty too
-        for w, (status, _) in zip(workers, results, strict=True):
-            if status == 200:
+    # The text tree's guess of a flushed cache is empty too; so are the pages of requests that
+    # ended (SGLang flushes only an idle worker, so none is still in flight there).
+    for w, (status, _) in zip(workers, results, strict=True):
+        if status == 200:
+            if state.text_tree is not None:
                 state.text_tree.remove_worker(w.url)
+            if state.inflight is not None:
+                state.inflight.remove_worker(w.url)
     failures = [s for s, _ in results if s != 200]
     per_worker = zip(workers, results, strict=True)
     body = {"results": {w.url: {"status": s, "body": b} for w, (s, b) in per_worker}}

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from smetric_router.cluster.inflight import GRACE_S
 from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.policies import PolicyParams, policy_names
 from smetric_router.router.config import CACHE_VIEWS, L3_VIEWS, RouterConfig
@@ -246,6 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not subscribe to the workers' KV events (cache hits then stay unknown)",
     )
     p.add_argument(
+        "--no-inflight-prefixes",
+        action="store_true",
+        help="count only what the workers' KV events (or probes) show as cached; by default a "
+        "request's prompt pages also count as held by the worker it was sent to while it is in "
+        f"flight and for {GRACE_S:g} s after, so that a follow-up or fork sent before those "
+        "events arrive (e.g. bench_serving's concurrent Mooncake rounds) finds its holder",
+    )
+    p.add_argument(
         "--cache-view",
         choices=CACHE_VIEWS,
         default=_D.cache_view,
@@ -366,6 +375,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             max_body_bytes=a.max_body_bytes,
             max_retries=a.max_retries,
             kv_events=not a.no_kv_events,
+            inflight_prefixes=not a.no_inflight_prefixes,
             cache_view=a.cache_view,
             probe_timeout_secs=a.probe_timeout_secs,
             l3_view=a.l3_view,

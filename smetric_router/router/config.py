@@ -36,6 +36,9 @@ class RouterConfig:
     # Where per-worker cache hits come from: "events" (KV-event index) or "probe" (ask each worker's
     # patched SGLang /smetric/prefix_match per request, see patches/).
     cache_view: str = "events"
+    # Count a dispatched request's pages as held by its worker until it ends (plus a grace for
+    # its KV events): a follow-up sent while its prefix is still in flight finds its holder.
+    inflight_prefixes: bool = True
     probe_timeout_secs: float = 0.05
     l3_view: str = "off"
     mooncake_master_url: str | None = None  # http://host:port of the master's HTTP (metrics) port

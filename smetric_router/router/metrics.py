@@ -26,6 +26,7 @@ class WorkerSample:
     kv_resets: int = 0
     kv_gaps_recovered: int = 0
     kv_decode_errors: int = 0
+    inflight_pages: int | None = None  # None: no in-flight prefix view (or a decode worker)
 
 
 class _WorkerCollector(Collector):
@@ -64,6 +65,12 @@ class _WorkerCollector(Collector):
             "the worker's KV index",
             labels=["worker"],
         )
+        pending = GaugeMetricFamily(
+            "smetric_inflight_prefix_pages",
+            "Distinct pages of requests in flight to the worker (or just ended) that the "
+            "router counts as held there before their KV events arrive",
+            labels=["worker"],
+        )
         for s in self._sample():
             healthy.add_metric([s.url], 1.0 if s.healthy else 0.0)
             inflight.add_metric([s.url], s.inflight)
@@ -73,7 +80,9 @@ class _WorkerCollector(Collector):
                 resets.add_metric([s.url], s.kv_resets)
                 gaps.add_metric([s.url], s.kv_gaps_recovered)
                 decode_errors.add_metric([s.url], s.kv_decode_errors)
-        return [healthy, inflight, load, connected, resets, gaps, decode_errors]
+            if s.inflight_pages is not None:
+                pending.add_metric([s.url], s.inflight_pages)
+        return [healthy, inflight, load, connected, resets, gaps, decode_errors, pending]
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +208,12 @@ class RouterMetrics:
             "its local tiers; l3: loadable from the global tier beyond them; l3_unknown: "
             "decisions made while the global tier's state was unknown, counted once each)",
             ["tier"],
+            registry=r,
+        )
+        self.inflight_raised = Counter(
+            "smetric_inflight_prefix_views",
+            "Decisions whose view credited some worker with more of the prompt than its KV "
+            "events show, from requests in flight to it (--no-inflight-prefixes turns this off)",
             registry=r,
         )
         self._tiers: dict[str, Counter] = {}

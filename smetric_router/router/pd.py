@@ -254,6 +254,8 @@ class PdProxy:
         w = pair.prefill.view.worker(prefill.url)
         hit = max(w.hit, w.l3_hit or 0) if w is not None else 0
         held = _Held(prefill, decode, max(0, features.prompt_len - hit), features.prompt_len)
+        # The prompt's pages count as held by the prefill until it is done (cluster/inflight.py).
+        pending = self.prefill_router.hold(prefill.url, features)
         p_task = asyncio.create_task(self._prefill(prefill, path, payload, headers))
         d_task = asyncio.create_task(self._decode_head(decode, path, payload, headers))
         try:
@@ -274,10 +276,12 @@ class PdProxy:
                 if problem is not None:
                     return problem
                 held.prefill_done()
+                self.prefill_router.release(pending, ran=True)
             head = await d_task
             held.prefill_done()  # the decode's first byte: the KV has arrived
             if isinstance(head, _Failed):
                 return head
+            self.prefill_router.release(pending, ran=True)
             resp, first = head
             try:
                 return await self._relay(request, resp, first, pair, decode, started, label)
@@ -293,6 +297,7 @@ class PdProxy:
             ) from None
         finally:
             held.release()
+            self.prefill_router.release(pending, ran=False)  # unless released above
             for t in (p_task, d_task):
                 t.cancel()
             for result in await asyncio.gather(p_task, d_task, return_exceptions=True):

@@ -133,10 +133,17 @@ class Proxy:
             # On the last try a worker's own 5xx goes back to the client as it is.
             last = not self._can_retry(routed, excluded)
             if worker is None:  # removed while an earlier try was in flight
-                why, resp = "removed", None
+                why = "removed"
             else:
+                # Its pages count as held there from now (no await since the decision) until it
+                # ends: a request routed meanwhile sees them (cluster/inflight.py).
+                hold = self.router.hold(worker.url, routed.features)
+                ran = False  # whether the worker took it (then its KV events are on the way)
                 try:
                     why, resp = await self._send(worker, path, body, headers, last)
+                    if resp is not None:
+                        ran = resp.status < 400
+                        return await self._relay(request, worker, resp, routed, started, label)
                 except asyncio.TimeoutError:
                     raise RouterError(
                         504,
@@ -145,9 +152,8 @@ class Proxy:
                         code="worker_timeout",
                         headers=decision_headers(routed),
                     ) from None
-            if resp is not None:
-                assert worker is not None
-                return await self._relay(request, worker, resp, routed, started, label)
+                finally:
+                    self.router.release(hold, ran=ran)
             if last:
                 raise RouterError(
                     502,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Protocol
 
+from smetric_router.cluster.inflight import Hold, InflightPrefixes
 from smetric_router.core.mooncake_keys import key_prefix
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures, WorkerView
 from smetric_router.policies import Policy
@@ -111,10 +112,13 @@ class Router:
         prober: Prober | None = None,
         l3: L3Source | None = None,
         l3_key_prefix: str | None = None,
+        inflight: InflightPrefixes | None = None,
     ) -> None:
         """Decides among the registry's workers of `role` (one Router per PD side). With a
         prober, hits come from probing the workers (see probe()), not from `hits`; with an L3
-        source, each worker's view carries the global tier's hit too (see l3_lookup())."""
+        source, each worker's view carries the global tier's hit too (see l3_lookup()). With
+        `inflight`, the pages of requests dispatched (hold()) and not yet ended (release()) count
+        as held by their worker too (cluster/inflight.py)."""
         self.policy = policy
         self.role = role
         self.registry = registry
@@ -126,6 +130,7 @@ class Router:
         self.prober = prober
         self.l3 = l3
         self.l3_key_prefix = l3_key_prefix
+        self.inflight = inflight
         self._tick = itertools.count()
 
     @property
@@ -171,6 +176,19 @@ class Router:
                 return None
             prefix = key_prefix(name)
         return await self.l3.lookup(prefix, features)
+
+    def hold(self, worker: str, features: RequestFeatures) -> Hold | None:
+        """The request is being sent to `worker`: its pages count as held there (None: no
+        in-flight view). Call before the first await after the decision, so that a request routed
+        right after this one sees them."""
+        if self.inflight is None or not features.page_hashes:
+            return None
+        return self.inflight.hold(worker, features.page_hashes)
+
+    def release(self, hold: Hold | None, *, ran: bool) -> None:
+        """The request ended; ran: the worker took it (so it caches its pages), not refused."""
+        if hold is not None and self.inflight is not None:
+            self.inflight.release(hold, grace=ran)
 
     def route(
         self,
@@ -232,14 +250,25 @@ class Router:
             hits = probed
         elif self.hits is not None and features.page_hashes:
             hits = self.hits.match(features.page_hashes, features.page_size)
+        pending: Mapping[str, int] = {}
+        if self.inflight is not None and features.page_hashes:
+            for w in candidates:  # an unhealthy worker may come back empty (restarted)
+                if not w.healthy:
+                    self.inflight.remove_worker(w.url)
+            pending = self.inflight.match(features.page_hashes, features.page_size)
         text_hits: Mapping[str, int] = {}
         if self.text_tree is not None and features.text:
             text_hits = self.text_tree.match(features.text)
         max_age = self.registry.max_load_age
         now = time.monotonic()
         views = []
+        raised = False
         for w in candidates:
             gpu_hit, local_hit = hits.get(w.url, (0, 0))
+            if pending:  # in flight there: on its GPU once prefilled
+                p = pending.get(w.url, 0)
+                raised = raised or p > local_hit
+                gpu_hit, local_hit = max(gpu_hit, p), max(local_hit, p)
             views.append(
                 WorkerView(
                     url=w.url,
@@ -252,6 +281,8 @@ class Router:
                     text_tree_size=self.text_tree.size(w.url) if self.text_tree else 0,
                 )
             )
+        if raised:
+            self.metrics.inflight_raised.inc()
         return ClusterView(
             workers=tuple(views), tick=next(self._tick), entropy=random.getrandbits(62)
         )

@@ -25,8 +25,10 @@ def test_flags_map_to_config() -> None:
             "--balance-abs-threshold", "8", "--balance-rel-threshold", "2",
             "--page-size", "64", "--max-retries", "1", "--max-body-bytes", "2048",
             "--prometheus-port", "29000", "--request-timeout-secs", "9",
+            "--no-inflight-prefixes",
         ]
     )  # fmt: skip
+    assert c.inflight_prefixes is False
     assert c.worker_urls == ("http://127.0.0.1:1", "http://127.0.0.1:2")
     assert (c.policy, c.port, c.page_size, c.max_retries) == ("cache_aware", 31000, 64, 1)
     p = c.policy_params
@@ -34,6 +36,7 @@ def test_flags_map_to_config() -> None:
     assert (p.balance_abs_threshold, p.balance_rel_threshold) == (8, 2)
     assert (c.max_body_bytes, c.prometheus_port, c.request_timeout_secs) == (2048, 29000, 9)
     d = config_from_args([])
+    assert d.inflight_prefixes is True  # on by default
     assert (d.host, d.port, d.policy, d.page_size, d.prometheus_port) == (
         "127.0.0.1",
         30000,

@@ -42,7 +42,8 @@ async def stack(
             worker_urls=tuple(w.url for w in workers),
             health_check_interval_secs=60,
             load_poll_interval_secs=60,
-            kv_events=False,  # --no-kv-events: only the probe can see the caches
+            kv_events=False,  # --no-kv-events: only the probe can see the caches,
+            inflight_prefixes=False,  # not the router's own record of where prompts went
             cache_view=cache_view,
             probe_timeout_secs=0.1,
         )
