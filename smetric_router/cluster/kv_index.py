@@ -10,7 +10,7 @@ A prefix-closed view lets `match` binary-search the prefix length for all worker
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from smetric_router.core.kv_events import (
@@ -83,6 +83,9 @@ class KvIndex:
         self._next_bit = 0
         # L3 is one store shared by all workers: a page any worker wrote there is held for all.
         self._l3: set[int] = set()
+        # Told the worker after its events removed or cleared local pages (or its view was
+        # cleared): the router's in-flight view then stops crediting its ended requests.
+        self.on_evicted: Callable[[str], None] | None = None
 
     # -- membership -------------------------------------------------------------------------
 
@@ -109,6 +112,8 @@ class KvIndex:
         st = self._workers.get(worker)
         if st is not None:
             self._clear_state(st)
+        if self.on_evicted is not None:
+            self.on_evicted(worker)
 
     def _clear_state(self, st: _WorkerState) -> None:
         for h, t in st.tiers.items():
@@ -125,6 +130,7 @@ class KvIndex:
     def apply(self, worker: str, batch: KVEventBatch) -> None:
         self.add_worker(worker)
         st = self._workers[worker]
+        evicted = False
         for ev in batch.events:
             if isinstance(ev, BlockStored | BlockRemoved) and ev.medium == L3_MEDIUM:
                 self._apply_l3(ev)
@@ -140,6 +146,7 @@ class KvIndex:
                 tier = _tier(ev.medium)
                 if tier is None:
                     continue
+                evicted = True
                 # SGLang lists an evicted chain root first, so a page may go before its children
                 # in the same event: only what the whole event leaves orphaned needs a repair.
                 parents = [h for h in ev.block_hashes if self._remove(st, h, tier)]
@@ -148,6 +155,8 @@ class KvIndex:
                     self._repair(st)
             elif isinstance(ev, AllBlocksCleared):
                 self.clear(worker)
+        if evicted and self.on_evicted is not None:
+            self.on_evicted(worker)
 
     def _apply_l3(self, ev: BlockStored | BlockRemoved) -> None:
         if isinstance(ev, BlockStored):

@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from smetric_router.cluster.inflight import InflightPrefixes
+from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.l3_view import EventsL3, L3State, MasterL3
 from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.features.errors import FeatureError
@@ -66,6 +67,9 @@ class RouterState:
         self.kv_feeds = kv_feeds
         # The pages of requests in flight, per worker (the KV-serving side only: not decode).
         self.inflight = InflightPrefixes() if config.inflight_prefixes else None
+        if self.inflight is not None and isinstance(hits, KvIndex):
+            # Evictions in a worker's KV events outvote the grace of its ended requests.
+            hits.on_evicted = self.inflight.forget_ended
         self.started = int(time.time())
         self._session: aiohttp.ClientSession | None = None
         self._registry: WorkerRegistry | None = None

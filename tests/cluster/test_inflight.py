@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from smetric_router.cluster.inflight import InflightPrefixes
+from smetric_router.cluster.kv_index import KvIndex
+from smetric_router.core.kv_events import GPU, BlockRemoved, BlockStored, KVEventBatch
 
 PAGE = 16
 A, B = "http://a", "http://b"
@@ -97,3 +99,41 @@ def test_removed_worker_is_forgotten_and_its_late_releases_are_harmless() -> Non
     assert view.match(pages, PAGE) == {B: 2 * PAGE}
     view.release(again, grace=False)
     assert view.match(pages, PAGE) == {} and view.pages(B) == 0
+
+
+def test_eviction_events_end_the_grace_but_not_live_requests() -> None:
+    clock = Clock()
+    view = InflightPrefixes(grace_s=2.0, clock=clock)
+    ended, running = chain(1, 4), chain(2, 3)
+    view.release(view.hold(B, ended))
+    view.hold(B, running)
+    view.release(view.hold(A, ended))
+    view.forget_ended(B)  # B's KV events removed pages: the index speaks for B now
+    assert view.match(ended, PAGE) == {A: 4 * PAGE}
+    assert view.match(running, PAGE) == {B: 3 * PAGE}
+    later = view.hold(B, ended)
+    clock.now += 5  # the forgotten entry's expiry must not touch what came after
+    assert view.match(ended, PAGE) == {B: 4 * PAGE}
+    view.release(later)
+    assert view.match(ended, PAGE) == {B: 4 * PAGE}  # its own grace
+    clock.now += 2
+    assert view.match(ended, PAGE) == {}
+
+
+def test_kv_index_reports_evictions_and_clears() -> None:
+    index, told = KvIndex(), []
+    index.on_evicted = told.append
+    stored = BlockStored(
+        block_hashes=[1, 2],
+        parent_block_hash=None,
+        token_ids=[0] * 32,
+        block_size=PAGE,
+        lora_id=None,
+        medium=GPU,
+    )
+    index.apply(B, KVEventBatch(0.0, [stored]))
+    assert told == []
+    index.apply(B, KVEventBatch(0.0, [BlockRemoved(block_hashes=[2], medium=GPU)]))
+    assert told == [B]
+    index.clear(A)
+    assert told == [B, A]

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from smetric_router.cluster.kv_index import KvIndex
+from smetric_router.core.kv_events import GPU, BlockRemoved, KVEventBatch
 from tests.router.conftest import MakeRouter, MakeWorker, eventually
 
 
@@ -117,7 +118,8 @@ async def test_pages_stay_for_the_grace_after_the_request_ends(
     make_worker: MakeWorker, make_router: MakeRouter
 ) -> None:
     a, b = await make_worker("a"), await make_worker("b")
-    router = await make_router([a.url, b.url], hits=KvIndex())
+    index = KvIndex()
+    router = await make_router([a.url, b.url], hits=index)
     inflight = router.state.inflight
     assert inflight is not None
     async with aiohttp.ClientSession() as http:
@@ -128,6 +130,12 @@ async def test_pages_stay_for_the_grace_after_the_request_ends(
         assert await post(http, router.url + "/generate", {"input_ids": ROUND_2}) == (
             home,
             "sticky",
+        )
+        # An eviction in the worker's KV events ends the grace: the index speaks for it.
+        index.apply(home, KVEventBatch(0.0, [BlockRemoved(block_hashes=[7], medium=GPU)]))
+        assert inflight.pages(home) == 0
+        assert (await post(http, router.url + "/generate", {"input_ids": ROUND_2}))[1] == (
+            "first-turn-balance"
         )
         # A flushed worker holds nothing, whatever ended there recently.
         async with http.post(router.url + "/flush_cache") as resp:

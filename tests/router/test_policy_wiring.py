@@ -56,8 +56,8 @@ async def test_follow_up_sticks_to_the_worker_holding_its_history(
     for w in workers:
         if w is not holder:
             store(index, w.url, list(features.page_hashes[:2]), 16)
-    # The KV index alone: the in-flight view would (rightly) credit the holder with the
-    # follow-ups it has just served, whatever the index says after they end.
+    # The KV index alone: the in-flight view would also credit the holder with the follow-ups
+    # it has just served (tests/router/test_inflight.py).
     router = await make_router([w.url for w in workers], hits=index, inflight_prefixes=False)
     url = router.url + "/v1/chat/completions"
 
