@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 # A finished request's pages stay counted this long: its worker publishes their KV events while
 # prefilling, but they reach the router's index a few ms (and, under load or after a replay, up to
 # a second or so) later. Without the grace a follow-up arriving in that window would see no
-# holder at all. Longer only matters if the worker evicts the pages meanwhile (over-report).
+# holder at all. An eviction the worker reports meanwhile ends it early (forget_ended).
 GRACE_S = 2.0
 
 _Counts = dict[int, int]  # page hash -> holds
