@@ -616,8 +616,14 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         "- Cached share: the workers' own counters (`sglang:cached_tokens_total` / "
         "`sglang:prompt_tokens_total`) over the run. Follow-ups with history cached: the share "
         "of follow-up turns whose previous prompt (all but its last partial page) was cached "
-        "where they ran, from bench_serving's per-request `cached_tokens` (n/a where the router "
-        "does not pass SGLang's `sglext` through: sglang-router 0.3.2). Stickiness: "
+        "where they ran, from bench_serving's per-request `cached_tokens` ("
+        + (
+            "`meta_info` of `/generate`). "
+            if setup.dataset == "mooncake"
+            else "n/a where the router does not pass SGLang's `sglext` through: sglang-router "
+            "0.3.2). "
+        )
+        + "Stickiness: "
         "smetric-router's decisions "
         "(`sticky` + `sticky-l3` over all follow-up decisions) for the smetric policy; n/a where "
         "the router does not say (peers; smetric-router's baseline policies only report their own "
