@@ -55,22 +55,19 @@ UNREACHABLE = (
 )
 
 
+def _forwarded(name: str) -> bool:
+    """Whether a client's request header (lower-case name) goes on to the worker."""
+    return name not in _HOP_BY_HOP and not name.startswith("x-smetric-")
+
+
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in headers.items():
-        lk = k.lower()
-        if lk not in _HOP_BY_HOP and not lk.startswith("x-smetric-"):
-            out.add(k, v)
-    return out
+    return CIMultiDict((k, v) for k, v in headers.items() if _forwarded(k.lower()))
 
 
 def forward_head(raw: Iterable[tuple[bytes, bytes]]) -> bytes:
     """forward_headers as the header lines of an HTTP/1.1 request."""
     return b"".join(
-        b"%s: %s\r\n" % (k, v)
-        for k, v in raw
-        if (lk := k.lower().decode("latin-1")) not in _HOP_BY_HOP
-        and not lk.startswith("x-smetric-")
+        b"%s: %s\r\n" % (k, v) for k, v in raw if _forwarded(k.lower().decode("latin-1"))
     )
 
 
