@@ -198,6 +198,11 @@ class RouterState:
     async def _worker_removed(self, url: str) -> None:
         if self.kv_feeds is not None:
             await self.kv_feeds.remove_worker(url)
+        self.forget_guesses(url)
+
+    def forget_guesses(self, url: str) -> None:
+        """Drop what the router itself guesses the worker caches (the text tree, in-flight
+        pages): it was removed, or its cache flushed."""
         if self.text_tree is not None:
             self.text_tree.remove_worker(url)
         if self.inflight is not None:
@@ -489,10 +494,7 @@ async def handle_flush_cache(request: web.Request) -> web.Response:
     # ended (SGLang flushes only an idle worker, so none is still in flight there).
     for w, (status, _) in zip(workers, results, strict=True):
         if status == 200:
-            if state.text_tree is not None:
-                state.text_tree.remove_worker(w.url)
-            if state.inflight is not None:
-                state.inflight.remove_worker(w.url)
+            state.forget_guesses(w.url)
     failures = [s for s, _ in results if s != 200]
     per_worker = zip(workers, results, strict=True)
     body = {"results": {w.url: {"status": s, "body": b} for w, (s, b) in per_worker}}
