@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+_M = TypeVar("_M", Counter, Histogram)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -216,12 +219,8 @@ class RouterMetrics:
             "events show, from requests in flight to it (--no-inflight-prefixes turns this off)",
             registry=r,
         )
-        self._tiers: dict[str, Counter] = {}
-        # children by label values, kept for the request path (see _tier)
-        self._requests: dict[tuple[str, int], Counter] = {}
-        self._durations: dict[str, Histogram] = {}
-        self._ttfts: dict[str, Histogram] = {}
-        self._decisions: dict[tuple[str, str], Counter] = {}
+        # children by (metric, label values), kept for the request path (see _child)
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
         r.register(_WorkerCollector(sample_workers))
         if sample_l3 is not None:
             r.register(_L3Collector(sample_l3))
@@ -238,34 +237,26 @@ class RouterMetrics:
             self._tier("l3").inc(l3 - local)
 
     def _tier(self, tier: str) -> Counter:
+        return self._child(self.prefix_tokens, tier)
+
+    def _child(self, metric: _M, *labels: str) -> _M:
         # .labels() hashes and locks on every call; the request path keeps the children instead
-        child = self._tiers.get(tier)
+        key = (metric, labels)
+        child = self._children.get(key)
         if child is None:
-            child = self._tiers[tier] = self.prefix_tokens.labels(tier)
-        return child
+            child = self._children[key] = metric.labels(*labels)
+        return cast(_M, child)
 
     def decided(self, reason: str, worker: str) -> None:
-        counter = self._decisions.get((reason, worker))
-        if counter is None:
-            counter = self._decisions[reason, worker] = self.decisions.labels(reason, worker)
-        counter.inc()
+        self._child(self.decisions, reason, worker).inc()
 
     def answered(self, endpoint: str, status: int, seconds: float) -> None:
         """Once per generation request, when its response is done."""
-        counter = self._requests.get((endpoint, status))
-        if counter is None:
-            counter = self._requests[endpoint, status] = self.requests.labels(endpoint, str(status))
-        counter.inc()
-        duration = self._durations.get(endpoint)
-        if duration is None:
-            duration = self._durations[endpoint] = self.duration.labels(endpoint)
-        duration.observe(seconds)
+        self._child(self.requests, endpoint, str(status)).inc()
+        self._child(self.duration, endpoint).observe(seconds)
 
     def first_byte(self, endpoint: str, seconds: float) -> None:
-        ttft = self._ttfts.get(endpoint)
-        if ttft is None:
-            ttft = self._ttfts[endpoint] = self.ttft.labels(endpoint)
-        ttft.observe(seconds)
+        self._child(self.ttft, endpoint).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
