@@ -74,8 +74,10 @@ def post_json(url: str, body: Any, timeout: float = 60) -> Any:
 
 
 def flush(stack: Stack) -> None:
-    """Empty every worker's cache (SGLang emits AllBlocksCleared), so each test starts cold."""
-    out = post_json(stack.url + "/flush_cache", {})
+    """Empty every worker's cache (SGLang emits AllBlocksCleared), so each test starts cold.
+    SGLang refuses to flush a busy worker (400); `timeout` makes it wait for the previous test's
+    last request to finish first."""
+    out = post_json(stack.url + "/flush_cache?timeout=60", {}, timeout=90)
     assert all(r["status"] == 200 for r in out["results"].values()), out
 
 
