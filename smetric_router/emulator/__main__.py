@@ -97,6 +97,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=d.host_kv_tokens,
         help="HiCache host-tier KV capacity (tokens); 0 = no host tier",
     )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="the model's context length (SGLang's --context-length), reported as /v1/models "
+        "max_model_len; prompts that reach it, and max_tokens that with the prompt exceed it, "
+        "are refused with 400 as SGLang refuses them; unset = the GPU-tier KV capacity",
+    )
     p.add_argument("--speedup", type=float, default=1.0, help="model seconds per wall second")
     p.add_argument(
         "--max-running-requests",
@@ -214,6 +222,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         bootstrap_port=args.disaggregation_bootstrap_port,
         transfer_gbps=args.transfer_gbps,
         decode_kv_timeout_s=args.decode_kv_timeout_secs,
+        context_length=args.context_length,
         global_tier=args.global_tier,
         mooncake=TierOptions(
             payload_bytes=args.mooncake_payload_bytes,

@@ -2,16 +2,20 @@
 
 The text comes from the worker's tokenizer (emulator.tokenizer), so that encode(text) gives back
 exactly the emitted ids and a follow-up turn that carries the answer hits the cache in full.
+It is drawn lazily, a block of words at a time as the tokens are emitted and read, so an answer
+costs memory for what was emitted, not for max_tokens.
 """
 
 from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from typing import overload
 
 from smetric_router.emulator.tokenizer import WorkerTokenizer
+
+BLOCK = 256  # tokens drawn at a time
 
 
 def answer_seed(prompt_ids: Sequence[int], n_tokens: int, rid: str | None) -> int:
@@ -24,28 +28,92 @@ def answer_seed(prompt_ids: Sequence[int], n_tokens: int, rid: str | None) -> in
     return int.from_bytes(h.digest(), "little")
 
 
-@dataclass(frozen=True, slots=True)
 class Answer:
-    text: str
-    text_ids: list[int]  # the ids `text` encodes to
-    output_ids: list[int]  # what the engine emits: text_ids, plus the end of turn (chat)
-    matched_stop: int | None  # the end token, when the answer ends its turn
+    """n_text words of synthetic text, then the end of turn when matched_stop is set; the ids
+    the engine emits are `output_ids`, a lazy sequence over the same draw."""
+
+    def __init__(self, tok: WorkerTokenizer, seed: int, n_text: int, end: int | None) -> None:
+        self._tok = tok
+        self._seed = seed
+        self.n_text = n_text
+        self.matched_stop = end  # the end token, when the answer ends its turn
+        self._ids = array("I")  # drawn so far
+        self._words: list[str] = []
+        self.output_ids = OutputIds(self)
 
     @property
     def finish_type(self) -> str:
         return "length" if self.matched_stop is None else "stop"
 
-    def first_token(self, tok: WorkerTokenizer) -> Answer:
-        """What a PD prefill instance answers: the first token only."""
-        ends = len(self.output_ids) == 1 and self.matched_stop is not None
-        stop = self.matched_stop if ends else None
-        return Answer(self.text_at(tok, 1), self.text_ids[:1], self.output_ids[:1], stop)
+    def first_token(self) -> Answer:
+        """What a PD prefill instance answers: the first token only (the same draw)."""
+        if self.n_text:
+            return Answer(self._tok, self._seed, 1, None)
+        return Answer(self._tok, self._seed, 0, self.matched_stop)
 
-    def text_at(self, tok: WorkerTokenizer, n_out: int) -> str:
-        """Cumulative text after n_out emitted tokens, holding back a split UTF-8 character."""
-        if n_out >= len(self.text_ids):
-            return self.text
-        return tok.decode(self.text_ids[:n_out]).rstrip("\ufffd")
+    def drawn(self, n: int) -> array[int]:
+        """The first n text ids (at most n_text), drawing what is missing."""
+        n = min(n, self.n_text)
+        while len(self._ids) < n:
+            k = len(self._ids) // BLOCK
+            picks = self._tok.sample_block(f"{self._seed}/{k}", BLOCK)
+            take = picks[: min(BLOCK, self.n_text - k * BLOCK)]
+            self._ids.extend(i for i, _ in take)
+            self._words.extend(w for _, w in take)
+        return self._ids
+
+    def text_at(self, n_out: int) -> str:
+        """Cumulative text after n_out emitted tokens."""
+        return self.text_between(0, n_out)
+
+    def text_between(self, start: int, end: int) -> str:
+        """The text of emitted tokens [start, end) (the end of turn has none)."""
+        end = min(end, self.n_text)
+        self.drawn(end)
+        return "".join(self._words[start:end])
+
+
+class OutputIds(Sequence[int]):
+    """An answer's emitted ids: its text ids, then the end of turn if any; drawn when read."""
+
+    def __init__(self, answer: Answer) -> None:
+        self._a = answer
+
+    def __len__(self) -> int:
+        return self._a.n_text + (self._a.matched_stop is not None)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        a = self._a
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            out = a.drawn(min(stop, a.n_text))[start:stop].tolist()
+            if stop > a.n_text and a.matched_stop is not None and start <= a.n_text:
+                out.append(a.matched_stop)
+            return out
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("answer id out of range")
+        if index == a.n_text:
+            assert a.matched_stop is not None
+            return a.matched_stop
+        return a.drawn(index + 1)[index]
+
+    def __iter__(self) -> Iterator[int]:
+        a = self._a
+        for start in range(0, a.n_text, BLOCK):
+            yield from a.drawn(min(start + BLOCK, a.n_text))[start : start + BLOCK]
+        if a.matched_stop is not None:
+            yield a.matched_stop
 
 
 def make_answer(
@@ -57,8 +125,7 @@ def make_answer(
 ) -> Answer:
     """max_tokens output tokens in all; a chat answer spends its last one on the end of turn
     (<|im_end|> for ChatML tokenizers, else EOS)."""
-    n_text = max_tokens - 1 if end_turn else max_tokens
-    text, ids = tok.sample_output(n_text, answer_seed(prompt_ids, max_tokens, rid))
+    seed = answer_seed(prompt_ids, max_tokens, rid)
     if end_turn:
-        return Answer(text, ids, [*ids, tok.end_of_turn_id], tok.end_of_turn_id)
-    return Answer(text, ids, list(ids), None)
+        return Answer(tok, seed, max_tokens - 1, tok.end_of_turn_id)
+    return Answer(tok, seed, max_tokens, None)

@@ -43,6 +43,7 @@ class EmulatorConfig:
     bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT  # prefill: where decode fetches its KV
     transfer_gbps: float = DEFAULT_TRANSFER_GBPS  # the modelled prefill -> decode KV link
     decode_kv_timeout_s: float = DEFAULT_DECODE_KV_TIMEOUT_S  # decode: wall seconds to wait for KV
+    context_length: int | None = None  # SGLang's --context-length; None: the GPU KV capacity
     engine: EngineConfig = field(default_factory=EngineConfig)
     global_tier: GlobalTierKind = "none"  # mooncake: L3 in a real store (MOONCAKE_* environment)
     mooncake: TierOptions = field(default_factory=TierOptions)

@@ -243,10 +243,10 @@ class MooncakeTier:
 
     # ---- the runner's hooks (event loop) ------------------------------------------------------
 
-    async def arrive(self, rid: str, input_ids: list[int], output_ids: list[int]) -> None:
+    async def arrive(self, rid: str, input_ids: list[int], output_ids: Sequence[int]) -> None:
         """Register the request's pages and learn which of its prompt's pages the store holds."""
         ps = self._page_size
-        digests = page_digests(input_ids + output_ids, ps)
+        digests = page_digests([*input_ids, *output_ids], ps)
         hashes = [block_hash(d) for d in digests]
         self._register(rid, hashes, digests)
         n = min((len(input_ids) - 1) // ps, len(digests))  # SGLang computes the last token

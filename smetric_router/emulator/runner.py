@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,7 +28,7 @@ class Arrivals(Protocol):
     """What a request does between arriving and entering the engine (a global tier asking its
     store about the prompt's pages), and the notice that the runner has forgotten it."""
 
-    async def arrive(self, rid: str, input_ids: list[int], output_ids: list[int]) -> None: ...
+    async def arrive(self, rid: str, input_ids: list[int], output_ids: Sequence[int]) -> None: ...
 
     def depart(self, rid: str) -> None: ...
 
@@ -43,7 +43,7 @@ class Tracked:
 
     rid: str
     input_ids: list[int]
-    output_ids: list[int]
+    output_ids: Sequence[int]
     counted: bool  # health probes stay out of the counters, as in SGLang
     started: float = field(default_factory=time.monotonic)
     # wall-clock moments (meta_info's timing keys): arrival, admission, first token (or the
@@ -139,7 +139,7 @@ class EngineRunner:
         self,
         rid: str,
         input_ids: list[int],
-        output_ids: list[int],
+        output_ids: Sequence[int],
         *,
         counted: bool = True,
         on_finish: Callable[[Tracked], None] | None = None,
@@ -171,7 +171,7 @@ class EngineRunner:
         self,
         rid: str,
         input_ids: list[int],
-        output_ids: list[int],
+        output_ids: Sequence[int],
         kv: Callable[[], Awaitable[CachedTokens]],
         error_status: int,
     ) -> Tracked:
@@ -202,7 +202,7 @@ class EngineRunner:
         return t
 
     def _track(
-        self, rid: str, input_ids: list[int], output_ids: list[int], counted: bool
+        self, rid: str, input_ids: list[int], output_ids: Sequence[int], counted: bool
     ) -> Tracked:
         if self.failure is not None:
             raise EngineFailed(str(self.failure))

@@ -101,6 +101,8 @@ class Emulator:
         self._kv_bytes_per_token: int = load_profile(config.engine.profile)["model"][
             "kv_bytes_per_token"
         ]
+        # SGLang's model_config.context_len: what prompts and max_tokens are checked against
+        self.context_length = config.context_length or engine.load().max_total_num_tokens
 
     def _publish(self, events: list[KVCacheEvent]) -> None:
         if self._publisher is not None:
@@ -196,9 +198,11 @@ async def _body(request: web.Request) -> Json:
 
 def _new_tokens(value: object, name: str, default: int, minimum: int) -> int:
     """A token budget: SGLang's sampling check says `at least 0`; the emulator's OpenAI answers
-    need one token (minimum 1)."""
+    need one token (minimum 1). A float without a fraction is taken, as pydantic's lax int."""
     if value is None:
         return default
+    if type(value) is float and value.is_integer():
+        value = int(value)
     if type(value) is not int:
         raise BadRequest(f"{name}: Input should be a valid integer", validation=True)
     if value < 0:
@@ -252,14 +256,36 @@ async def _sse(request: web.Request, events: AsyncIterator[Json]) -> web.StreamR
     resp = web.StreamResponse(headers={"Content-Type": SSE_TYPE, "Cache-Control": "no-cache"})
     await resp.prepare(request)
     die = request.get(_DIE_KEY, False)
-    async for ev in events:
-        await resp.write(b"data: " + orjson.dumps(ev) + b"\n\n")
-        if die:
-            _drop_connection(request)
-            return resp
+    try:
+        async for ev in events:
+            await resp.write(b"data: " + orjson.dumps(ev) + b"\n\n")
+            if die:
+                _drop_connection(request)
+                return resp
+    except ConnectionResetError:  # the client went away mid-stream: the request is released
+        return resp
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
+
+
+def _check_context(em: Emulator, n_prompt: int, max_new: int | None) -> None:
+    """SGLang's tokenizer manager: the prompt must stay below the context length, and with the
+    max_new_tokens the request sets (if any) within it."""
+    context = em.context_length
+    if n_prompt >= context:
+        raise BadRequest(
+            f"The input ({n_prompt} tokens) is longer than the model's context length "
+            f"({context} tokens)."
+        )
+    if max_new is not None and n_prompt + max_new > context:
+        raise BadRequest(
+            f"Requested token count exceeds the model's maximum context length of {context} "
+            f"tokens. You requested a total of {n_prompt + max_new} tokens: {n_prompt} tokens "
+            f"from the input messages and {max_new} tokens for the completion. Please reduce "
+            "the number of tokens in the input messages or the completion to fit within the "
+            "limit."
+        )
 
 
 def _finish_reason(t: Tracked, answer: Answer) -> Json | None:
@@ -333,8 +359,16 @@ class _Submission:
     """
 
     def __init__(
-        self, em: Emulator, body: Json, prompt: list[int], max_tokens: int, end_turn: bool
+        self,
+        em: Emulator,
+        body: Json,
+        prompt: list[int],
+        max_tokens: int,
+        end_turn: bool,
+        asked: bool,
     ) -> None:
+        """asked: whether the request set its max tokens (SGLang checks the total only then)."""
+        _check_context(em, len(prompt), max_tokens if asked else None)
         user_rid = body.get("rid")
         if user_rid is not None and not isinstance(user_rid, str):
             raise BadRequest("rid: Input should be a valid string", validation=True)
@@ -346,7 +380,7 @@ class _Submission:
             if role == "prefill":
                 room, _, _ = _pairing(body, role)
                 if self.answer.output_ids:
-                    self.answer = self.answer.first_token(em.codec)
+                    self.answer = self.answer.first_token()
                 withhold = em.faults.take_withhold()
                 self.t = runner.submit(
                     self.rid,
@@ -410,7 +444,7 @@ async def _run(
         runner.release(sub.rid)
 
 
-def _generate_prompt(em: Emulator, body: Json) -> tuple[list[int], int]:
+def _generate_prompt(em: Emulator, body: Json) -> tuple[list[int], int, bool]:
     text, ids = body.get("text"), body.get("input_ids")
     if text is None and ids is None:
         raise BadRequest("Either text, input_ids or input_embeds should be provided.")
@@ -423,16 +457,17 @@ def _generate_prompt(em: Emulator, body: Json) -> tuple[list[int], int]:
     if not isinstance(params, dict):
         raise BadRequest("sampling_params: Input should be a valid dictionary", validation=True)
     _temperature(params)
-    n = _new_tokens(params.get("max_new_tokens"), "max_new_tokens", DEFAULT_MAX_NEW_TOKENS, 0)
-    return prompt, n
+    asked = params.get("max_new_tokens")
+    n = _new_tokens(asked, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS, 0)
+    return prompt, n, asked is not None
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     em = request.app[EMULATOR]
     try:
         body = await _body(request)
-        prompt, n = _generate_prompt(em, body)
-        sub = _Submission(em, body, prompt, n, end_turn=False)
+        prompt, n, asked = _generate_prompt(em, body)
+        sub = _Submission(em, body, prompt, n, end_turn=False, asked=asked)
     except BadRequest as exc:
         return exc.response(generate=True)
     except EngineFailed as exc:
@@ -443,8 +478,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     def chunk(first: bool = True) -> Json:
         reason = _finish_reason(t, answer)
         meta = replies.meta_info(t, reason, first=first, final=t.done, decode_role=decode_role)
-        text = answer.text_at(em.codec, t.n_out)
-        return {"text": text, "output_ids": t.output_ids[: t.n_out], "meta_info": meta}
+        text = answer.text_at(t.n_out)
+        return {"text": text, "output_ids": answer.output_ids[: t.n_out], "meta_info": meta}
 
     async def chunks() -> AsyncIterator[Json]:
         first = True
@@ -474,7 +509,7 @@ def _request_model(em: Emulator, body: Json) -> str:
     return model
 
 
-def _openai_common(em: Emulator, body: Json, chat: bool) -> tuple[str, int, bool, bool]:
+def _openai_common(em: Emulator, body: Json, chat: bool) -> tuple[str, int, bool, bool, bool]:
     model = _request_model(em, body)
     if body.get("n") not in (None, 1):
         raise BadRequest("the emulator answers with one choice (n must be 1)")
@@ -485,9 +520,14 @@ def _openai_common(em: Emulator, body: Json, chat: bool) -> tuple[str, int, bool
         raise BadRequest("max_tokens: Value error, max_tokens must be positive", validation=True)
     name = "max_new_tokens" if type(max_tokens) is int else "max_tokens"
     n = _new_tokens(max_tokens, name, DEFAULT_OPENAI_MAX_TOKENS, 1)
+    if chat and max_tokens is not None and n > em.context_length:  # serving_chat's own check
+        raise BadRequest(
+            f"max_completion_tokens is too large: {n}.This model supports at most "
+            f"{em.context_length} completion tokens."
+        )
     options = body.get("stream_options") or {}
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    return model, n, bool(body.get("stream")), include_usage
+    return model, n, bool(body.get("stream")), include_usage, max_tokens is not None
 
 
 async def _openai(
@@ -498,8 +538,8 @@ async def _openai(
     em = request.app[EMULATOR]
     try:
         body = await _body(request)
-        model, n, stream, include_usage = _openai_common(em, body, chat)
-        sub = _Submission(em, body, parse_prompt(em, body), n, end_turn=chat)
+        model, n, stream, include_usage, asked = _openai_common(em, body, chat)
+        sub = _Submission(em, body, parse_prompt(em, body), n, end_turn=chat, asked=asked)
     except (BadRequest, InternalError) as exc:
         return exc.response()
     except EngineFailed as exc:
@@ -523,7 +563,7 @@ async def _openai(
         return c
 
     def whole() -> Json:
-        text = answer.text_at(em.codec, t.n_out)
+        text = answer.text_at(t.n_out)
         msg: Json = {"text": text}
         if chat:
             msg = {"message": {"role": "assistant", "content": text, "reasoning_content": None}}
@@ -545,25 +585,25 @@ async def _openai(
     async def chat_chunks() -> AsyncIterator[Json]:
         """SGLang's chat stream: a role chunk, then a content chunk per step that added text,
         then a chunk carrying only the finish reason."""
-        sent: str | None = None
+        sent: int | None = None  # tokens whose text was sent
         async for _ in _progress(t):
             if sent is None:
                 yield {**head(chunk_kind), "choices": [choice(delta("", role=True), False)]}
-                sent = ""
-            text = answer.text_at(em.codec, t.n_out)
-            if len(text) > len(sent):
-                yield {**head(chunk_kind), "choices": [choice(delta(text[len(sent) :]), False)]}
-                sent = text
+                sent = 0
+            text = answer.text_between(sent, t.n_out)
+            if text:
+                yield {**head(chunk_kind), "choices": [choice(delta(text), False)]}
+            sent = t.n_out
             if t.done:
                 yield {**head(chunk_kind), "choices": [choice(delta(None))]}
 
     async def completion_chunks() -> AsyncIterator[Json]:
-        sent = ""
+        sent = 0  # tokens whose text was sent
         async for _ in _progress(t):
-            text = answer.text_at(em.codec, t.n_out)
-            yield {**head(chunk_kind), "choices": [choice({"text": text[len(sent) :]})],
+            text = answer.text_between(sent, t.n_out)
+            yield {**head(chunk_kind), "choices": [choice({"text": text})],
                    "usage": None}  # fmt: skip
-            sent = text
+            sent = t.n_out
 
     async def chunks() -> AsyncIterator[Json]:
         async for c in chat_chunks() if chat else completion_chunks():
@@ -663,6 +703,7 @@ def _server_info(em: Emulator) -> Json:
         "max_running_requests": ecfg.max_running_requests,
         "max_total_num_tokens": load.max_total_num_tokens,
         "max_req_input_len": load.max_total_num_tokens,
+        "context_length": cfg.context_length,
         "enable_hierarchical_cache": ecfg.host_kv_tokens > 0,
         "hicache_storage_backend": None if em.tier is None else "mooncake",
         "emulator_global_tier": None if em.tier is None else _tier_info(em.tier),
@@ -741,7 +782,7 @@ async def models(request: web.Request) -> web.Response:
         "owned_by": "sglang-emulator",
         "root": em.config.model_name,
         "parent": None,
-        "max_model_len": em.runner.engine.load().max_total_num_tokens,
+        "max_model_len": em.context_length,
     }
     return json_response({"object": "list", "data": [card]})
 

@@ -61,9 +61,10 @@ class WorkerTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return str(self._backend.decode(list(ids), skip_special_tokens=False))
 
-    def sample_output(self, n_tokens: int, seed: int) -> tuple[str, list[int]]:
-        """Text of exactly n_tokens tokens whose encode() gives back the returned ids."""
-        return self._sampler.sample(n_tokens, seed)
+    def sample_block(self, seed: str, n_tokens: int) -> list[tuple[int, str]]:
+        """n_tokens (id, word) picks whose words joined encode() back to the ids; blocks
+        joined too (emulator.answer draws an answer block by block)."""
+        return self._sampler.block(seed, n_tokens)
 
 
 def load_tokenizer(path: str | None = None, chat_template: str | None = None) -> WorkerTokenizer:

@@ -5,6 +5,7 @@ advances it step by step and sleeps (emulator) or jumps (simulator) by StepResul
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,9 +28,9 @@ class EngineConfig:
 class EngineRequest:
     rid: str
     input_ids: list[int]
-    output_ids: list[
-        int
-    ]  # what the emulated model will emit, fixed up front (ends with EOS/im_end)
+    # what the emulated model will emit (ends with EOS/im_end); read when the request ends, so
+    # a lazy sequence is drawn only as far as the answer goes
+    output_ids: Sequence[int]
     # Token-free requests (the simulator): leave input_ids/output_ids empty and give the lengths
     # and the page hashes of every full page of prompt + output, so nothing is hashed per token.
     page_hashes: list[int] | None = None

@@ -358,7 +358,7 @@ class Engine:
         tokens = (
             r.req.input_ids
             if upto * self.config.page_size <= len(r.req.input_ids)
-            else (r.req.input_ids + r.req.output_ids)
+            else [*r.req.input_ids, *r.req.output_ids]
         )  # empty for token-free requests: their pages hold no token ids
         node, _, evs = self.cache.insert(hashes, tokens, start, upto)
         events.extend(evs)

@@ -37,6 +37,19 @@ class TextSampler:
                 return text, ids
         raise RuntimeError("tokenizer cannot encode sampled words back to the same ids")
 
+    def block(self, seed: str, n_tokens: int) -> list[tuple[int, str]]:
+        """n_tokens (id, word) picks whose joined words encode to their ids: a block of a text
+        drawn piece by piece (words that start with a space begin a pre-tokenizer piece, so
+        blocks joined encode to their ids joined)."""
+        words = self.words()
+        for attempt in range(_ATTEMPTS):
+            pool = words if attempt < _ATTEMPTS - 1 else words[:1]
+            picks = random.Random(f"{seed}/{attempt}").choices(pool, k=n_tokens)
+            text = "".join(word for _, word in picks)
+            if self._tok.encode(text, add_special_tokens=False).ids == [i for i, _ in picks]:
+                return picks
+        raise RuntimeError("tokenizer cannot encode sampled words back to the same ids")
+
     def words(self) -> tuple[tuple[int, str], ...]:
         """(id, text) of the vocabulary's single-token ' word' pieces."""
         if self._words is None:
