@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from smetric_router.features import bodies
+from smetric_router.features.budget import UNLIMITED, Budget
 from smetric_router.features.chat_tokenizer import ChatTokenizer
 from smetric_router.features.hashing import as_u32, page_digests, page_hashes
 from smetric_router.features.loop_reuse import Loops
@@ -84,8 +85,8 @@ class _Tip:
 class _Tips:
     """Earlier requests by (message count, last message fingerprint), least recently used
     dropped first, bounded in entries and in bytes: each distinct rendered prompt the entries
-    hold counts once with its whole chain (chains shared by several prompts count for each),
-    and each distinct render's loops with their text."""
+    hold counts once with its whole chain (chains shared by several prompts count for each)
+    and its messages, and each distinct render's loops with their text."""
 
     def __init__(self, entries: int, max_bytes: int) -> None:
         self._data: OrderedDict[tuple[int, int], _Tip] = OrderedDict()
@@ -135,7 +136,8 @@ class _Tips:
 
 def _held(tip: _Tip) -> list[tuple[int, int]]:
     """The objects an entry holds that count towards the bytes: (id, bytes)."""
-    held = [(id(tip.rendered), tip.rendered.total)]
+    # the messages it was rendered from hold about as many characters as the prompt's text
+    held = [(id(tip.rendered), tip.rendered.total + tip.rendered.length)]
     if tip.loops is not None:
         held.append((id(tip.loops), tip.loops.bytes))
     return held
@@ -163,7 +165,7 @@ class ChatPrompts:
         self._tips = _Tips(cache_entries, cache_bytes)
         self._starts: OrderedDict[int, Rendered] = OrderedDict()
 
-    def prompt(self, body: Mapping[str, Any]) -> ChatPrompt:
+    def prompt(self, body: Mapping[str, Any], budget: Budget = UNLIMITED) -> ChatPrompt:
         messages = bodies.messages(body)
         n = len(messages)
         known, tip = self._known(messages)
@@ -187,7 +189,7 @@ class ChatPrompts:
             tip.rendered if tip is not None else None,  # whose prompt begins with its text
         )
         base = tip.rendered if tip is not None else self._starts.get(_peek(messages[0]))
-        rendered, shared = render_from(chat.tokenizer, text, self.page_size, base)
+        rendered, shared = render_from(chat.tokenizer, text, self.page_size, base, budget)
         shares_base = base is not None and shared == base.length
 
         turns, last = (tip.turns, tip.last) if tip is not None else (0, -1)
@@ -208,15 +210,15 @@ class ChatPrompts:
         self._remember(messages, known, tip, new, shares_base)
         if continued is None:
             return ChatPrompt(rendered, as_u32(()), rendered.page_hashes(), text, turns, history)
-        appended = as_u32(self._continuation(continued))
+        appended = as_u32(self._continuation(continued, budget, rendered.n_ids))
         ids = rendered.token_ids()
         ids.extend(appended)
         hashes = array("q", page_hashes(ids, self.page_size))
         return ChatPrompt(rendered, appended, hashes, text, turns, history)
 
-    def _continuation(self, text: str) -> list[int]:
+    def _continuation(self, text: str, budget: Budget, before: int) -> list[int]:
         """SGLang appends a continued final assistant message as its own encoding, less a BOS."""
-        ids = self.chat.tokenizer.encode_text(text)
+        ids = self.chat.tokenizer.encode_text(text, budget, before)
         if ids and ids[0] == self.chat.tokenizer.bos_id:
             ids = ids[1:]
         return ids

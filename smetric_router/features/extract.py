@@ -16,6 +16,7 @@ from typing import Any
 from smetric_router.core.types import RequestFeatures
 from smetric_router.features import bodies
 from smetric_router.features.bodies import HINT_FIELD, HISTORY_HEADER, TURN_HEADER, strip_hint
+from smetric_router.features.budget import UNLIMITED, Budget
 from smetric_router.features.chat_prompt import ChatPrompts
 from smetric_router.features.chat_tokenizer import ChatTokenizer
 from smetric_router.features.hashing import as_u32, block_hash, page_digests
@@ -33,6 +34,8 @@ class FeatureExtractor:
     keep_digests=True fills RequestFeatures.page_digests, which only the L3 view reads.
     RequestFeatures.page_hashes is an array('q') of signed int64 block hashes (do not mutate).
     Chat message objects are kept for comparison with the next turn: do not mutate them.
+    A budget refuses prompts that reach the context (PromptTooLong) and tokenizing too much here
+    (Offload); raw prompts need no state, chats the extractor's (one thread at a time).
     """
 
     def __init__(
@@ -56,10 +59,10 @@ class FeatureExtractor:
 
     # -- chat -------------------------------------------------------------------------------
 
-    def from_chat(self, body: Mapping[str, Any]) -> RequestFeatures:
+    def from_chat(self, body: Mapping[str, Any], budget: Budget = UNLIMITED) -> RequestFeatures:
         """turn = assistant messages; est_hit = leading prompt tokens of the conversation through
         the last assistant message (what the worker that produced it cached), 0 on turn 0."""
-        prompt = self._chats.prompt(body)
+        prompt = self._chats.prompt(body, budget)
         return RequestFeatures(
             prompt_len=prompt.n_ids,
             page_hashes=prompt.hashes,
@@ -74,20 +77,26 @@ class FeatureExtractor:
     # -- raw prompts ------------------------------------------------------------------------
 
     def from_completion(
-        self, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
+        self,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str] | None = None,
+        budget: Budget = UNLIMITED,
     ) -> RequestFeatures:
         """/v1/completions: prompt is a string, token ids, or a batch of either; a batch is routed
         by its first prompt (the whole request goes to one worker)."""
         text, ids = bodies.completion_prompt(body)
-        return self._raw(body, headers, text, ids)
+        return self._raw(body, headers, text, ids, budget)
 
     def from_generate(
-        self, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
+        self,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str] | None = None,
+        budget: Budget = UNLIMITED,
     ) -> RequestFeatures:
         """SGLang /generate: text or input_ids, single or batched; a batch is routed by its first
         input (the whole request goes to one worker)."""
         text, ids = bodies.generate_prompt(body)
-        return self._raw(body, headers, text, ids)
+        return self._raw(body, headers, text, ids, budget)
 
     def _raw(
         self,
@@ -95,9 +104,13 @@ class FeatureExtractor:
         headers: Mapping[str, str] | None,
         text: str | None,
         ids: Sequence[int] | None,
+        budget: Budget,
     ) -> RequestFeatures:
         turn, history = bodies.hint(body, headers)
-        tokens = as_u32(self.chat.tokenizer.encode_text(text) if text is not None else ids or [])
+        if text is not None:
+            tokens = as_u32(self.chat.tokenizer.encode_text(text, budget))
+        else:
+            tokens = as_u32(ids or [])
         digests = page_digests(tokens, self.page_size)
         return RequestFeatures(
             prompt_len=len(tokens),

@@ -26,7 +26,20 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
+from smetric_router.features.budget import UNLIMITED, Budget, Offload, PromptTooLong
 from smetric_router.features.model_files import ModelFiles
+
+# Texts longer than this go through encode_batch, which releases the GIL while it runs (encode
+# holds it), so a thread tokenizing a huge prompt leaves the event loop free.
+GIL_FREE_CHARS = 1 << 12
+# A text longer than this whose tokens may reach the context is first counted by pieces.
+PROBE_MIN_CHARS = 1 << 18
+PROBE_PIECE = 1 << 16  # characters per counted piece
+# Tokens within this many characters of a piece's cut are not counted: a cut changes the
+# tokens only near it (pre-tokenizer pieces and BPE merges are local), so the tokens counted
+# are tokens of the whole text, and the count a lower bound of its length.
+PROBE_EDGE = 1 << 10
+_PROBE_BATCH = 16  # pieces per encode_batch call, at most
 
 # Pre-tokenizers that act on each piece alone, whatever its position in the input.
 _POSITION_FREE_PRE_TOKENIZERS = frozenset(
@@ -64,13 +77,52 @@ class PromptTokenizer:
     def backend(self) -> Tokenizer:
         return self._tok
 
-    def encode_chat(self, text: str) -> list[int]:
-        """A rendered chat prompt's ids, as apply_chat_template(tokenize=True) gives them."""
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+    def encode_chat(self, text: str, budget: Budget = UNLIMITED, before: int = 0) -> list[int]:
+        """A rendered chat prompt's ids, as apply_chat_template(tokenize=True) gives them;
+        before: ids of the prompt ahead of text (counted against the budget's context)."""
+        return self._encode(text, False, budget, before)
 
-    def encode_text(self, text: str) -> list[int]:
+    def encode_text(self, text: str, budget: Budget = UNLIMITED, before: int = 0) -> list[int]:
         """A raw text prompt's ids, as SGLang tokenizes /generate and /v1/completions text."""
-        return list(self._tok.encode(text, add_special_tokens=True).ids)
+        return self._encode(text, True, budget, before)
+
+    def _encode(self, text: str, special: bool, budget: Budget, before: int) -> list[int]:
+        if budget.inline_chars is not None and len(text) > budget.inline_chars:
+            raise Offload
+        context = budget.context_length
+        if context is not None and len(text) > PROBE_MIN_CHARS:
+            counted = self.count_reaching(text, context - before)
+            if counted is not None:
+                raise PromptTooLong(before + counted, context, at_least=True)
+        if len(text) > GIL_FREE_CHARS:
+            ids = list(self._tok.encode_batch_fast([text], add_special_tokens=special)[0].ids)
+        else:
+            ids = list(self._tok.encode(text, add_special_tokens=special).ids)
+        if context is not None and before + len(ids) >= context:
+            raise PromptTooLong(before + len(ids), context, at_least=False)
+        return ids
+
+    def count_reaching(self, text: str, limit: int) -> int | None:
+        """A lower bound of text's token count that reaches limit, found by tokenizing it piece
+        by piece (a few pieces first, then more at a time); None once it is clear that the text
+        stays below (the rate so far puts it under half the limit) or the text ends."""
+        counted = done = 0
+        batch = 1
+        while done < len(text):
+            starts = range(done, min(len(text), done + batch * PROBE_PIECE), PROBE_PIECE)
+            pieces = [text[s : s + PROBE_PIECE] for s in starts]
+            encodings = self._tok.encode_batch(pieces, add_special_tokens=False)
+            for start, piece, enc in zip(starts, pieces, encodings, strict=True):
+                lo = 0 if start == 0 else PROBE_EDGE
+                hi = len(piece) if start + len(piece) == len(text) else len(piece) - PROBE_EDGE
+                counted += sum(1 for a, b in enc.offsets if a >= lo and b <= hi)
+                done = start + len(piece)
+            if counted >= limit:
+                return counted
+            if 2 * counted * len(text) < limit * done:
+                return None
+            batch = min(2 * batch, _PROBE_BATCH)
+        return None
 
     def decode(self, ids: Iterable[int]) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=False))

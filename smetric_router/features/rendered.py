@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from smetric_router.features.budget import UNLIMITED, Budget
 from smetric_router.features.hashing import as_u32, block_hash, page_digests
 from smetric_router.features.prompt_tokenizer import PromptTokenizer
 
@@ -181,8 +182,8 @@ def shared_chars(base: Rendered, text: str) -> int:
     return base.length
 
 
-def _root(tokenizer: PromptTokenizer, text: str, page_size: int) -> Rendered:
-    ids = as_u32(tokenizer.encode_chat(text))
+def _root(tokenizer: PromptTokenizer, text: str, page_size: int, budget: Budget) -> Rendered:
+    ids = as_u32(tokenizer.encode_chat(text, budget))
     cuts = tokenizer.cut_points(text, 0, ids, 0) or (array("q"), array("q"))
     digests = page_digests(ids, page_size)
     return _node(None, 0, 0, text, ids, cuts, digests, page_size)
@@ -217,19 +218,23 @@ def _node(
 
 
 def render_from(
-    tokenizer: PromptTokenizer, text: str, page_size: int, base: Rendered | None
+    tokenizer: PromptTokenizer,
+    text: str,
+    page_size: int,
+    base: Rendered | None,
+    budget: Budget = UNLIMITED,
 ) -> tuple[Rendered, int]:
     """text's ids and page hashes, reusing what base's prompt shares with it; and the number of
-    leading characters they share."""
+    leading characters they share. The tokenizing of what is new is held to budget."""
     if base is None or base.page_size != page_size:
-        return _root(tokenizer, text, page_size), 0
+        return _root(tokenizer, text, page_size, budget), 0
     shared = shared_chars(base, text)
     if shared == base.length == len(text):
         return base, shared
     node, start, kept = base.cut_through(shared)
     while node.parent is not None and start == node.start:
         node = node.parent  # nothing of this node's own text is kept
-    tail = as_u32(tokenizer.encode_chat(text[start:]))
+    tail = as_u32(tokenizer.encode_chat(text[start:], budget, kept))
     cuts = tokenizer.cut_points(text, start, tail, kept) or (array("q"), array("q"))
     page = kept // page_size
     partial = node._ids_between(page * page_size, kept)

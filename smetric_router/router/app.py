@@ -143,6 +143,7 @@ class RouterState:
             l3=self.l3,
             l3_key_prefix=c.l3_key_prefix,
             inflight=self.inflight,
+            context_length=c.context_length,
         )
         self._upstream = Upstream(connect_timeout=timeout.sock_connect or c.request_timeout_secs)
         self._proxy = Proxy(
@@ -323,7 +324,7 @@ async def _generate(
     model = _check_model(body, state.registry.models())
     router = state.router
     try:
-        features = router.extract(endpoint, body, request.headers)
+        features = await router.extract(endpoint, body, request.headers, model)
         probed = await router.probe(body, model)  # None unless --cache-view probe
         l3 = await router.l3_lookup(features, model)  # 0 unless --l3-view
         if strip_hint(body):

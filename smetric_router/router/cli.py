@@ -322,6 +322,19 @@ def build_parser() -> argparse.ArgumentParser:
         "as the paper's guard does: less L3 traffic, more load on the workers that evicted "
         "(benchmarks/results/l3_guard.md); needs --l3-view",
     )
+    limits = p.add_argument_group(
+        "request limits", "what the router refuses (400) before a worker sees it"
+    )
+    limits.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="the served context length: prompts of this many tokens or more, and a max_tokens "
+        "(max_completion_tokens, max_new_tokens) that with the prompt exceeds it, are refused "
+        "with 400 as SGLang refuses them; a huge prompt as soon as a prefix shows it too long. "
+        "Default: the smallest max_model_len the workers' /v1/models report (unknown: no limit)",
+    )
     return p
 
 
@@ -393,6 +406,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             pd_handover_timeout_secs=a.pd_handover_timeout_secs,
             processes=a.processes,
             reuse_port=a.reuse_port or a.processes > 1,
+            context_length=a.context_length,
         )
     except ValueError as e:
         parser.error(str(e))

@@ -59,6 +59,8 @@ class RouterConfig:
     # Replicas of this router on one port (SO_REUSEPORT): each a full, independent router.
     processes: int = 1
     reuse_port: bool = False
+    # Request limits: the served context length (None: the smallest the workers report).
+    context_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.page_size is not None and self.page_size < 1:
@@ -67,6 +69,8 @@ class RouterConfig:
             raise ValueError(f"processes must be >= 1, got {self.processes}")
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.context_length is not None and self.context_length < 1:
+            raise ValueError(f"context_length must be >= 1, got {self.context_length}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         for name in (

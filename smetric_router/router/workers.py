@@ -76,6 +76,7 @@ class Worker:
     own_at_report: int = 0
     page_size: int | None = None
     models: frozenset[str] = frozenset()
+    context_length: int | None = None  # the model's, from /v1/models (max_model_len)
     problem: str | None = None  # why the worker is excluded although it answers, if it is
     probed: bool = False
     # Whether the worker loads from the global tier: False only when its /server_info says it
@@ -106,6 +107,7 @@ class Worker:
             "reported_load": self.reported_load,
             "page_size": self.page_size,
             "models": sorted(self.models),
+            "context_length": self.context_length,
             "problem": self.problem,
         }
         if self.role is not Role.WORKER:
@@ -135,6 +137,18 @@ def models_of(v1_models: Any, model_info: Any) -> frozenset[str]:
             if isinstance(model_info.get(key), str):
                 names.add(model_info[key])
     return frozenset(names)
+
+
+def context_length_of(v1_models: Any) -> int | None:
+    """The served context length: SGLang's /v1/models gives it as its model card's max_model_len
+    (model_config.context_len); LoRA adapter cards carry none."""
+    if not isinstance(v1_models, dict):
+        return None
+    for m in v1_models.get("data") or ():
+        n = m.get("max_model_len") if isinstance(m, dict) else None
+        if type(n) is int and n > 0:
+            return n
+    return None
 
 
 def bootstrap_port_of(server_info: dict[str, Any]) -> int | None:
@@ -299,6 +313,7 @@ class WorkerRegistry:
         if w.role is Role.PREFILL and not w.bootstrap_port_fixed:
             w.bootstrap_port = bootstrap_port_of(info) if isinstance(info, dict) else None
         w.models = models_of(models, model_info)
+        w.context_length = context_length_of(models)
         w.l3 = not isinstance(info, dict) or bool(info.get("hicache_storage_backend", True))
         w.probed = True
         w.healthy = True

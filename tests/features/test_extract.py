@@ -146,9 +146,9 @@ class Spy:
         self.texts: list[str] = []
         original = chat.tokenizer.encode_chat
 
-        def encode_chat(text: str) -> list[int]:
+        def encode_chat(text: str, *budget: Any) -> list[int]:
             self.texts.append(text)
-            return original(text)
+            return original(text, *budget)
 
         chat.tokenizer.encode_chat = encode_chat  # type: ignore[method-assign]
 
