@@ -24,7 +24,7 @@ from smetric_router.core.mooncake_keys import key_prefix
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures, WorkerView
 from smetric_router.features.budget import Budget, Offload, PromptTooLong
 from smetric_router.policies import Policy
-from smetric_router.router import limits
+from smetric_router.router import token_limits
 from smetric_router.router.errors import RouterError
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.probe import Prober
@@ -138,7 +138,7 @@ class Router:
         source, each worker's view carries the global tier's hit too (see l3_lookup()). With
         `inflight`, the pages of requests dispatched (hold()) and not yet ended (release()) count
         as held by their worker too (cluster/inflight.py). context_length overrides what the
-        workers report (router/limits.py)."""
+        workers report (router/token_limits.py)."""
         self.policy = policy
         self.role = role
         self.registry = registry
@@ -179,19 +179,19 @@ class Router:
         headers: Mapping[str, str],
         model: str | None = None,
     ) -> RequestFeatures:
-        """The request's features, once its token limits are checked (router/limits.py): a
+        """The request's features, once its token limits are checked (router/token_limits.py): a
         completion budget past the context is refused before the prompt is read, a prompt that
         reaches the context as soon as a prefix of it shows that."""
-        asked = limits.requested_tokens(endpoint.value, body)
+        asked = token_limits.requested_tokens(endpoint.value, body)
         context = self.context_length(model)
-        limits.check_budget(asked, context)
+        token_limits.check_budget(asked, context)
         try:
             features = await self._extract(endpoint, body, headers, Budget(context, INLINE_CHARS))
             if context is not None and features.prompt_len >= context:  # token ids, appended
                 raise PromptTooLong(features.prompt_len, context, at_least=False)
         except PromptTooLong as e:
-            raise limits.too_long(str(e), endpoint.value, body) from None
-        limits.check_total(asked, features.prompt_len, context)
+            raise token_limits.too_long(str(e), endpoint.value, body) from None
+        token_limits.check_total(asked, features.prompt_len, context)
         return features
 
     async def _extract(
