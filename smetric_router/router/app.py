@@ -24,10 +24,11 @@ from smetric_router.policies import make_policy
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.errors import RouterError, bad_request, no_worker
 from smetric_router.router.kv import KvFeeds
-from smetric_router.router.metrics import L3Sample, RouterMetrics, WorkerSample
+from smetric_router.router.limits import upstream_connection_limit
+from smetric_router.router.metrics import STREAM_ERROR, L3Sample, RouterMetrics, WorkerSample
 from smetric_router.router.pd import PdProxy
 from smetric_router.router.probe import Prober
-from smetric_router.router.proxy import Proxy
+from smetric_router.router.proxy import STREAM_CUT, Proxy
 from smetric_router.router.routing import (
     DEFAULT_PAGE_SIZE,
     Endpoint,
@@ -144,7 +145,10 @@ class RouterState:
             l3_key_prefix=c.l3_key_prefix,
             inflight=self.inflight,
         )
-        self._upstream = Upstream(connect_timeout=timeout.sock_connect or c.request_timeout_secs)
+        self._upstream = Upstream(
+            connect_timeout=timeout.sock_connect or c.request_timeout_secs,
+            max_connections=upstream_connection_limit(c.max_upstream_connections),
+        )
         self._proxy = Proxy(
             upstream=self._upstream,
             router=self._router,
@@ -152,6 +156,9 @@ class RouterState:
             metrics=self.metrics,
             max_retries=c.max_retries,
             timeout=c.request_timeout_secs,
+            first_byte_timeout=c.first_byte_timeout_secs,
+            stream_idle_timeout=c.stream_idle_timeout_secs,
+            retry_on_reset=c.retry_on_reset,
         )
         if c.pd_disaggregation:
             decode_policy = make_policy(c.decode_policy, c.policy_params)
@@ -166,6 +173,10 @@ class RouterState:
                 max_retries=c.max_retries,
                 timeout=timeout,
                 handover_timeout=c.pd_handover_timeout_secs,
+                slots=self._upstream,
+                first_byte_timeout=c.first_byte_timeout_secs,
+                stream_idle_timeout=c.stream_idle_timeout_secs,
+                retry_on_reset=c.retry_on_reset,
             )
         try:
             if self.l3 is not None:
@@ -296,10 +307,10 @@ def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
     async def handle(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
         started = time.perf_counter()
-        status = 499  # stays so only when the client went away before an answer
+        status: int | str = 499  # stays so only when the client went away before an answer
         try:
             resp = await _generate(state, request, endpoint, started)
-            status = resp.status
+            status = STREAM_ERROR if request.get(STREAM_CUT) else resp.status
             return resp
         except RouterError as e:
             status = e.status
@@ -340,7 +351,8 @@ async def _generate(
     label = endpoint.value
     if state.pd is not None:
         return await state.pd.dispatch(request, endpoint.value, body, pair, started, label)
-    return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, label)
+    stream = body.get("stream") is True
+    return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, label, stream)
 
 
 async def handle_models(request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ from smetric_router.cluster.inflight import GRACE_S
 from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.policies import PolicyParams, policy_names
 from smetric_router.router.config import CACHE_VIEWS, L3_VIEWS, RouterConfig
+from smetric_router.router.limits import raise_open_files_limit
 
 log = logging.getLogger("smetric_router.router")
 
@@ -322,6 +323,46 @@ def build_parser() -> argparse.ArgumentParser:
         "as the paper's guard does: less L3 traffic, more load on the workers that evicted "
         "(benchmarks/results/l3_guard.md); needs --l3-view",
     )
+    up = p.add_argument_group(
+        "connections to workers", "bounds, timeouts and retries of the forwarded requests"
+    )
+    up.add_argument(
+        "--max-upstream-connections",
+        type=int,
+        default=_D.max_upstream_connections,
+        metavar="N",
+        help="connections to workers open at once, over all workers (each is a file "
+        "descriptor, as is each client connection); a request finding all in use waits for "
+        "one (within its own timeouts) instead of failing. 0 = half the open-file limit, "
+        "which the router raises to its hard limit at start",
+    )
+    up.add_argument(
+        "--retry-on-reset",
+        action="store_true",
+        help="also retry on another worker a request whose worker dropped the connection "
+        "after the request was sent, before answering. Off by default: the worker may have "
+        "run it, and a request that crashes a worker would crash the next ones too",
+    )
+    up.add_argument(
+        "--first-byte-timeout-secs",
+        type=float,
+        default=_D.first_byte_timeout_secs,
+        help="streams: longest wait from dispatch to the worker's first response byte, "
+        "queueing and prefill included; past it the worker is marked failed and the request "
+        "answered 504 (or ended with an SSE error event). Generous by default: a 100K-token "
+        "agent prompt prefills in seconds on an idle GPU but queues behind other long "
+        "prefills on a busy one. A non-streamed reply's first byte is its whole answer: "
+        "only --request-timeout-secs bounds it",
+    )
+    up.add_argument(
+        "--stream-idle-timeout-secs",
+        type=float,
+        default=_D.stream_idle_timeout_secs,
+        help="streams: longest silence between two chunks once the first came; past it the "
+        "worker is marked failed and the stream ended with an SSE error event. Generous by "
+        "default: SGLang may retract a running request under KV-cache pressure and prefill "
+        "it again, and tool-call parsers hold text back",
+    )
     return p
 
 
@@ -393,6 +434,10 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             pd_handover_timeout_secs=a.pd_handover_timeout_secs,
             processes=a.processes,
             reuse_port=a.reuse_port or a.processes > 1,
+            max_upstream_connections=a.max_upstream_connections,
+            retry_on_reset=a.retry_on_reset,
+            first_byte_timeout_secs=a.first_byte_timeout_secs,
+            stream_idle_timeout_secs=a.stream_idle_timeout_secs,
         )
     except ValueError as e:
         parser.error(str(e))
@@ -500,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    raise_open_files_limit()  # before any connection: the limit bounds them all
     try:
         try:
             import uvloop

@@ -59,12 +59,25 @@ class RouterConfig:
     # Replicas of this router on one port (SO_REUSEPORT): each a full, independent router.
     processes: int = 1
     reuse_port: bool = False
+    # Upstream hardening (issue 12: items 5, 6, 9). Connections to workers open at once (each a
+    # file descriptor); 0 = half the open-file limit. Past it, requests wait for a free one.
+    max_upstream_connections: int = 0
+    # Retry a request whose worker dropped the connection after it was sent (it may have run).
+    retry_on_reset: bool = False
+    # Streams: dispatch to the worker's first body byte (queue + prefill), and longest silence
+    # between body bytes after it; past either the worker is marked failed and the request ends.
+    first_byte_timeout_secs: float = 600.0
+    stream_idle_timeout_secs: float = 300.0
 
     def __post_init__(self) -> None:
         if self.page_size is not None and self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.processes < 1:
             raise ValueError(f"processes must be >= 1, got {self.processes}")
+        if self.max_upstream_connections < 0:
+            raise ValueError(
+                f"max_upstream_connections must be >= 0, got {self.max_upstream_connections}"
+            )
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.max_body_bytes < 1024:
@@ -76,6 +89,8 @@ class RouterConfig:
             "health_check_timeout_secs",
             "pd_handover_timeout_secs",
             "probe_timeout_secs",
+            "first_byte_timeout_secs",
+            "stream_idle_timeout_secs",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")

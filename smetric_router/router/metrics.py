@@ -16,6 +16,10 @@ from prometheus_client.registry import Collector
 
 _M = TypeVar("_M", Counter, Histogram)
 
+# smetric_requests_total's status for a stream cut after its 200 head went out (its worker lost or
+# stalled mid-stream): an error, not the 200 the client saw first.
+STREAM_ERROR = "stream_error"
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -165,7 +169,11 @@ class RouterMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "smetric_requests", "Requests answered", ["endpoint", "status"], registry=r
+            "smetric_requests",
+            "Requests answered, by HTTP status; stream_error: a stream cut after its head (worker "
+            "lost or stalled mid-stream, ended with an SSE error event)",
+            ["endpoint", "status"],
+            registry=r,
         )
         self.decisions = Counter(
             "smetric_decisions", "Routing decisions", ["reason", "worker"], registry=r
@@ -177,7 +185,10 @@ class RouterMetrics:
             registry=r,
         )
         self.stream_errors = Counter(
-            "smetric_stream_errors", "Streams cut by a lost worker", ["worker"], registry=r
+            "smetric_stream_errors",
+            "Streams cut by a lost or stalled worker",
+            ["worker"],
+            registry=r,
         )
         self.probe_failures = Counter(
             "smetric_probe_failures",
@@ -250,7 +261,7 @@ class RouterMetrics:
     def decided(self, reason: str, worker: str) -> None:
         self._child(self.decisions, reason, worker).inc()
 
-    def answered(self, endpoint: str, status: int, seconds: float) -> None:
+    def answered(self, endpoint: str, status: int | str, seconds: float) -> None:
         """Once per generation request, when its response is done."""
         self._child(self.requests, endpoint, str(status)).inc()
         self._child(self.duration, endpoint).observe(seconds)
