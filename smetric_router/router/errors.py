@@ -20,8 +20,10 @@ class RouterError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
+        self.close = close  # end the client's connection too (frees its file descriptor)
         self.headers = dict(headers or {})
         self.status = status
         self.message = message
@@ -33,12 +35,15 @@ class RouterError(Exception):
         return error_body(self.message, type_=self.type, param=self.param, code=self.code)
 
     def response(self) -> web.Response:
-        return web.Response(
+        resp = web.Response(
             status=self.status,
             body=orjson.dumps(self.body()),
             content_type="application/json",
             headers=self.headers,
         )
+        if self.close:
+            resp.force_close()
+        return resp
 
 
 def error_body(

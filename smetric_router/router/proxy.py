@@ -126,6 +126,7 @@ def local_error(why: str, headers: Mapping[str, str]) -> RouterError:
         type_="server_error",
         code="router_overloaded",
         headers={**headers, "Retry-After": "1"},
+        close=True,
     )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import random
 import ssl
 from collections import deque
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ _IDLE_PER_ORIGIN = 1024
 # An idle connection older than this is not reused: SGLang's uvicorn closes keep-alive connections
 # after 5 s, and a request written onto one it is closing would look like a worker dying under it.
 MAX_IDLE_SECS = 3.0
+# How long a connection is retried while the router is out of file descriptors.
+LOCAL_WAIT_SECS = 1.0
 # errno values that are the router's own shortage (file descriptors, buffers, local ports), not
 # anything the worker did.
 LOCAL_ERRNOS = frozenset(
@@ -537,11 +540,25 @@ class Upstream:
             made.append(_Conn(idle, self))
             return made[-1]
 
+        # Out of descriptors: others are freed as requests end (and as the router answers its
+        # 503s, which close their client connections), so retry briefly, with jitter so the
+        # waiters do not all give up at once, before answering 503.
+        give_up = _earliest(deadline, loop.time() + LOCAL_WAIT_SECS)
+        backoff = 0.01
         try:
             if scheme == "https":
                 tls = self._ssl = self._ssl or ssl.create_default_context()
-            connecting = loop.create_connection(factory, host, port, ssl=tls)
-            _, conn = await asyncio.wait_for(connecting, self._connect_timeout)
+            while True:
+                try:
+                    connecting = loop.create_connection(factory, host, port, ssl=tls)
+                    _, conn = await asyncio.wait_for(connecting, self._connect_timeout)
+                    break
+                except OSError as e:
+                    pause = backoff * (0.5 + random.random())
+                    if not is_local(e) or (give_up is not None and loop.time() + pause > give_up):
+                        raise
+                    await asyncio.sleep(pause)
+                    backoff = min(backoff * 2, 0.2)
         except BaseException as e:
             self.slot_freed()
             if isinstance(e, OSError) and is_local(e):
