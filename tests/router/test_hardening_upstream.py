@@ -9,6 +9,7 @@ import errno
 import time
 from typing import Any
 
+import aiohappyeyeballs
 import aiohttp
 import orjson
 import pytest
@@ -72,6 +73,36 @@ async def _metrics(router: RouterUnderTest) -> str:
         return await resp.text()
 
 
+class NoDescriptors:
+    """Connections to the given workers fail as socket() does when the router has no file
+    descriptor left: the proxy's own client (loop.create_connection) and aiohttp's (PD, health
+    checks), while the router's listener and the test's client keep working."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, urls: set[str]) -> None:
+        self.ports = {int(u.rsplit(":", 1)[1]) for u in urls}
+        self.on = True
+        loop = asyncio.get_running_loop()
+        real_loop, real_eyeballs = loop.create_connection, aiohappyeyeballs.start_connection
+
+        async def loop_connect(*args: Any, **kw: Any) -> Any:
+            self._check(args[2] if len(args) > 2 else kw.get("port"))
+            return await real_loop(*args, **kw)
+
+        async def aiohttp_connect(addr_infos: Any, **kw: Any) -> Any:
+            self._check(addr_infos[0][4][1])
+            return await real_eyeballs(addr_infos, **kw)
+
+        monkeypatch.setattr(loop, "create_connection", loop_connect)
+        monkeypatch.setattr(aiohappyeyeballs, "start_connection", aiohttp_connect)
+
+    def _check(self, port: object) -> None:
+        if self.on and port in self.ports:
+            raise OSError(errno.EMFILE, "Too many open files")
+
+    def lift(self) -> None:
+        self.on = False
+
+
 # item 6: a worker that died after accepting the request -------------------------------------
 
 
@@ -109,20 +140,7 @@ async def test_fd_exhaustion_is_503_and_no_worker_is_marked_down(
 ) -> None:
     a, b = await make_worker("a"), await make_worker("b")
     router = await make_router([a.url, b.url])
-    ports = {a.server.port, b.server.port}  # type: ignore[union-attr]
-    loop = asyncio.get_running_loop()
-    real = loop.create_connection
-    exhausted = True
-
-    async def connect(*args: Any, **kw: Any) -> Any:
-        # Only connections to the workers fail (the router's and the test's own still work):
-        # what socket() does when the router has no file descriptor left.
-        port = args[2] if len(args) > 2 else kw.get("port")
-        if exhausted and port in ports:
-            raise OSError(errno.EMFILE, "Too many open files")
-        return await real(*args, **kw)
-
-    monkeypatch.setattr(loop, "create_connection", connect)
+    shortage = NoDescriptors(monkeypatch, {a.url, b.url})
     async with aiohttp.ClientSession() as s:
         for body in (CHAT, {**CHAT, "stream": True}):
             async with s.post(router.url + "/v1/chat/completions", json=body) as r:
@@ -133,7 +151,7 @@ async def test_fd_exhaustion_is_503_and_no_worker_is_marked_down(
                 assert "Too many open files" in err["message"]
         await router.state.registry.check_health()  # a health round in the shortage
         assert all(w["healthy"] for w in (await _workers(router)).values())
-        exhausted = False
+        shortage.lift()
         async with s.post(router.url + "/v1/chat/completions", json=CHAT) as r:
             assert r.status == 200
     assert a.bodies == [] or b.bodies == []  # only the last request reached a worker
@@ -286,3 +304,30 @@ async def test_stream_cut_by_a_lost_worker_is_counted_as_an_error(
     metrics = await _metrics(router)
     assert 'smetric_requests_total{endpoint="/generate",status="stream_error"} 1.0' in metrics
     assert 'smetric_requests_total{endpoint="/generate",status="200"} 1.0' in metrics
+
+
+# flags ------------------------------------------------------------------------------------------
+
+
+def test_upstream_flags_reach_the_config_and_are_checked() -> None:
+    from smetric_router.router.cli import build_parser, config_from_args
+    from smetric_router.router.limits import AUTO_MAX, AUTO_MIN, upstream_connection_limit
+
+    argv = ["--max-upstream-connections", "64", "--retry-on-reset",
+            "--first-byte-timeout-secs", "90", "--stream-idle-timeout-secs", "30"]  # fmt: skip
+    c = config_from_args(argv)
+    assert (c.max_upstream_connections, c.retry_on_reset) == (64, True)
+    assert (c.first_byte_timeout_secs, c.stream_idle_timeout_secs) == (90.0, 30.0)
+    d = config_from_args([])
+    assert (d.max_upstream_connections, d.retry_on_reset) == (0, False)
+    # Long enough for a 100K-token prefill queued on a busy GPU, far below the 30-minute total.
+    assert 60 <= d.first_byte_timeout_secs < d.request_timeout_secs
+    assert 60 <= d.stream_idle_timeout_secs < d.request_timeout_secs
+    assert upstream_connection_limit(64) == 64
+    assert AUTO_MIN <= upstream_connection_limit(0) <= AUTO_MAX
+    for bad in (["--max-upstream-connections", "-1"], ["--first-byte-timeout-secs", "0"],
+                ["--stream-idle-timeout-secs", "-5"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            config_from_args(bad)
+    help_text = " ".join(build_parser().format_help().split())
+    assert "100K-token" in help_text and "--retry-on-reset" in help_text
