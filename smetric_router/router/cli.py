@@ -347,12 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--first-byte-timeout-secs",
         type=float,
         default=_D.first_byte_timeout_secs,
-        help="streams: longest wait from dispatch to the worker's first response byte, "
+        help="longest wait from dispatch to the worker's first response byte, "
         "queueing and prefill included; past it the worker is marked failed and the request "
         "answered 504 (or ended with an SSE error event). Generous by default: a 100K-token "
         "agent prompt prefills in seconds on an idle GPU but queues behind other long "
         "prefills on a busy one. A non-streamed reply's first byte is its whole answer: "
-        "only --request-timeout-secs bounds it",
+        "past this bound it is awaited while its worker passes its health checks (a hung "
+        "SGLang fails them), up to --request-timeout-secs",
     )
     up.add_argument(
         "--stream-idle-timeout-secs",

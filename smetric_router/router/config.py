@@ -64,8 +64,9 @@ class RouterConfig:
     max_upstream_connections: int = 0
     # Retry a request whose worker dropped the connection after it was sent (it may have run).
     retry_on_reset: bool = False
-    # Streams: dispatch to the worker's first body byte (queue + prefill), and longest silence
-    # between body bytes after it; past either the worker is marked failed and the request ends.
+    # Dispatch to the worker's first body byte (queue + prefill; a non-streamed request past it
+    # only once its worker also fails health checks), and longest silence between body bytes of
+    # a stream; past either the worker is marked failed and the request ends.
     first_byte_timeout_secs: float = 600.0
     stream_idle_timeout_secs: float = 300.0
 

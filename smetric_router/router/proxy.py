@@ -4,10 +4,12 @@ A worker that refuses the connection or answers 5xx before sending its body is r
 worker (re-decided without it). A worker whose connection ends after it was sent the request is
 not (unless --retry-on-reset): a generation is not idempotent, and a request that killed one worker
 would kill the next. The router's own shortage (file descriptors, connection slots) is answered
-503 and says nothing about the worker. A worker silent past --first-byte-timeout-secs (streams) or
---stream-idle-timeout-secs is marked failed and the request answered 504. Once response bytes flow
-to the client there is no retry: a stream whose worker disappears or stalls is closed with an SSE
-error event and `data: [DONE]`, so clients never hang, and counted as a stream_error.
+503 and says nothing about the worker. A worker silent past --first-byte-timeout-secs (for a
+non-streamed request, whose first byte is its whole answer, only once the worker also fails its
+health checks) or --stream-idle-timeout-secs is marked failed and the request answered 504. Once
+response bytes flow to the client there is no retry: a stream whose worker disappears or stalls is
+closed with an SSE error event and `data: [DONE]`, so clients never hang, and counted as a
+stream_error.
 """
 
 from __future__ import annotations
@@ -163,11 +165,12 @@ class Proxy:
     stream_idle_timeout: float | None = None  # silence between body bytes once they flow
     retry_on_reset: bool = False
 
-    def timeouts(self, stream: bool) -> Timeouts:
-        # A non-streamed reply's first byte is its whole answer: only the total bounds it.
-        if not stream:
-            return Timeouts(self.timeout)
-        return Timeouts(self.timeout, self.first_byte_timeout, self.stream_idle_timeout)
+    def timeouts(self, stream: bool, worker: Worker) -> Timeouts:
+        if stream:
+            return Timeouts(self.timeout, self.first_byte_timeout, self.stream_idle_timeout)
+        # A non-streamed reply's first byte is its whole answer: past the first-byte bound it is
+        # still awaited while its worker passes its health checks (a hung SGLang fails them).
+        return Timeouts(self.timeout, self.first_byte_timeout, alive=lambda: worker.healthy)
 
     async def dispatch(
         self,
@@ -180,7 +183,6 @@ class Proxy:
         stream: bool = False,
     ) -> web.StreamResponse:
         headers = forward_head(request.raw_headers)
-        timeouts = self.timeouts(stream)
         excluded: list[str] = []
         while True:
             worker = self.registry.workers.get(routed.decision.worker)
@@ -194,7 +196,8 @@ class Proxy:
                 hold = self.router.hold(worker.url, routed.features)
                 ran = False  # whether the worker took it (then its KV events are on the way)
                 try:
-                    sent = await self._send(worker, path, body, headers, last, timeouts, routed)
+                    bounds = self.timeouts(stream, worker)
+                    sent = await self._send(worker, path, body, headers, last, bounds, routed)
                     why, resp = sent
                     if resp is not None:
                         ran = resp.status < 400

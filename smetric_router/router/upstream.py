@@ -23,6 +23,7 @@ import errno
 import random
 import ssl
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -34,6 +35,8 @@ _IDLE_PER_ORIGIN = 1024
 # An idle connection older than this is not reused: SGLang's uvicorn closes keep-alive connections
 # after 5 s, and a request written onto one it is closing would look like a worker dying under it.
 MAX_IDLE_SECS = 3.0
+# Past the first-byte bound, how often a request with Timeouts.alive asks it again.
+_RECHECK_SECS = 1.0
 # How long a connection is retried while the router is out of file descriptors.
 LOCAL_WAIT_SECS = 1.0
 # errno values that are the router's own shortage (file descriptors, buffers, local ports), not
@@ -99,8 +102,11 @@ class Timeouts:
     """One request's bounds in seconds (None: unbounded)."""
 
     total: float | None  # the whole exchange, body included
-    first_byte: float | None = None  # dispatch to the first body byte (streams)
+    first_byte: float | None = None  # dispatch to the first body byte
     idle: float | None = None  # longest silence between body bytes once the first came
+    # Past first_byte, keep waiting while this says the worker is still fine (a non-streamed
+    # reply's first byte is its whole answer: a long one is no stall while its worker is healthy).
+    alive: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +177,7 @@ class Response:
         loop: asyncio.AbstractEventLoop,
         deadline: float | None,
         first_byte_at: float | None = None,
-        idle: float | None = None,
-        first_byte_secs: float = 0.0,
+        bounds: Timeouts | None = None,
     ) -> None:
         self.status = 0
         self.headers: list[tuple[str, str]] = []
@@ -190,11 +195,11 @@ class Response:
         self._exc: BaseException | None = None
         self._keep_alive = True
         self._timer = loop.call_at(deadline, self._timed_out) if deadline is not None else None
-        self._first_byte_limit = first_byte_secs
+        self._bounds = bounds or Timeouts(None)
         self._first_timer: asyncio.TimerHandle | None = None
         if first_byte_at is not None:
             self._first_timer = loop.call_at(first_byte_at, self._no_first_byte)
-        self._idle = idle
+        self._idle = self._bounds.idle
         self._idle_timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
 
@@ -391,8 +396,14 @@ class Response:
 
     def _no_first_byte(self) -> None:
         self._first_timer = None
-        limit = self._first_byte_limit
-        self._fail(Stalled(f"no response byte within {limit:g} s", first_byte=True))
+        alive = self._bounds.alive
+        if alive is not None and alive():
+            self._first_timer = self._loop.call_later(_RECHECK_SECS, self._no_first_byte)
+            return
+        why = f"no response byte within {self._bounds.first_byte:g} s"
+        if alive is not None:
+            why += " and the worker fails its health checks"
+        self._fail(Stalled(why, first_byte=True))
 
     def _check_idle(self) -> None:
         # One timer per response, moved on lazily: the hot path only notes the time of each read.
@@ -488,7 +499,7 @@ class Upstream:
             conn = await self._connect(target.origin, loop, _earliest(deadline, first_at))
         if conn.lost or conn.transport is None:  # closed by the worker as soon as it opened
             raise Unreachable(f"{base} closed the connection at once", refused=False)
-        resp = Response(conn, loop, deadline, first_at, t.idle, t.first_byte or 0.0)
+        resp = Response(conn, loop, deadline, first_at, t)
         conn.resp = resp
         conn.transport.write(
             b"%sContent-Length: %d\r\n%s\r\n%s" % (target.prefix, len(body), headers, body)

@@ -268,6 +268,27 @@ async def test_long_non_streamed_answer_is_not_cut_by_the_first_byte_bound(
     assert (await _workers(router))[w.url]["healthy"] is True
 
 
+async def test_non_streamed_request_on_a_hung_worker_ends_once_it_fails_health_checks(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    w = await make_worker("a")
+    w.stall = True
+    router = await make_router([w.url], first_byte_timeout_secs=0.2, health_check_interval_secs=0.1)
+    async with aiohttp.ClientSession() as s:
+        pending = asyncio.create_task(s.post(router.url + "/v1/chat/completions", json=CHAT))
+        await eventually(lambda: len(w.bodies) == 1)
+        await asyncio.sleep(0.4)  # past the bound, but the worker passes its health checks
+        assert not pending.done()
+        w.healthy = False  # hung as SGLang hangs: its /health fails too
+        started = time.monotonic()
+        resp = await asyncio.wait_for(pending, 10)
+        assert resp.status == 504
+        err = (await resp.json())["error"]
+        resp.release()
+    assert time.monotonic() - started < 5
+    assert err["code"] == "worker_timeout" and "health checks" in err["message"]
+
+
 # compatibility: one error shape, cut streams counted as errors ---------------------------------
 
 
