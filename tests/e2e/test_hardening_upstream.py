@@ -1,6 +1,7 @@
-"""Issue 12 item 5 end to end: a router process short of file descriptors (hard limit 256) under a
-flood of 600 concurrent clients answers what it cannot forward with 503, and no worker is marked
-down for the router's own shortage."""
+"""Issue 12 end to end, emulated workers and the router as processes: a router short of file
+descriptors (hard limit 256) under a flood of 600 concurrent clients answers what it cannot forward
+with 503 and marks no worker down (item 5); a request whose worker died after accepting it is
+not sent to another (item 6); a hung worker is answered 504 within the first-byte bound (9)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import StackFactory
+from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
+from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP, StackFactory
 
 SOFT, HARD = 128, 256
 CLIENTS = 600
@@ -121,3 +123,65 @@ def _enough_descriptors_here() -> None:
         if hard != resource.RLIM_INFINITY and hard < 2 * CLIENTS:
             pytest.skip(f"the test process may open only {hard} files")
         resource.setrlimit(resource.RLIMIT_NOFILE, (2 * CLIENTS, hard))
+
+
+def _stack(*router_args: str) -> Stack:
+    # Health checks far apart: a worker the router marked failed stays so while the test looks.
+    args = (*ROUTER_ARGS, "--health-check-interval-secs", "60", *router_args)
+    spec = ClusterSpec(
+        router=RouterSpec(port=0, extra_args=args),
+        workers=WorkerSpec(count=2, speedup=SPEEDUP),
+    )
+    return Stack(spec)
+
+
+async def _faults(s: aiohttp.ClientSession, worker: str, **armed: object) -> dict[str, object]:
+    if armed:
+        async with s.post(worker + "/emulator/faults", json=armed) as r:
+            assert r.status == 200
+    async with s.get(worker + "/emulator/faults") as r:
+        state: dict[str, object] = await r.json()
+    return state
+
+
+@pytest.mark.parametrize("retry_on_reset", [False, True])
+async def test_worker_dying_with_an_accepted_request_is_not_retried(retry_on_reset: bool) -> None:
+    flags = ("--retry-on-reset",) if retry_on_reset else ()
+    body = {"text": "a request that kills its worker", "sampling_params": {"max_new_tokens": 8}}
+    with _stack(*flags) as stack:
+        async with aiohttp.ClientSession() as s:
+            for w in stack.worker_urls:  # each drops the next request it accepts, unanswered
+                await _faults(s, w, die_mid_stream_next=1)
+            async with s.post(stack.url + "/generate", json=body) as r:
+                status, err = r.status, (await r.json())["error"]
+                chosen = r.headers["x-smetric-worker"]
+            left = {w: (await _faults(s, w))["die_mid_stream_next"] for w in stack.worker_urls}
+            async with s.get(stack.url + "/workers") as r:
+                healthy = {w["url"]: w["healthy"] for w in (await r.json())["workers"]}
+    assert status == 502 and err["code"] == "worker_reset"
+    if retry_on_reset:
+        assert set(left.values()) == {0}  # asked to, the router sent it on, and lost that too
+    else:
+        # Only the first worker ever saw it; the other still waits for a request to drop.
+        assert [w for w, n in left.items() if n == 0] == [chosen]
+        assert [w for w, ok in healthy.items() if not ok] == [chosen]
+
+
+async def test_hung_worker_is_answered_504_within_the_first_byte_bound() -> None:
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 8}, "stream": True}
+    with _stack("--first-byte-timeout-secs", "1") as stack:
+        async with aiohttp.ClientSession() as s:
+            for w in stack.worker_urls:  # accept requests and answer nothing
+                await _faults(s, w, stall=True)
+            started = time.monotonic()
+            async with s.post(stack.url + "/generate", json=body) as r:
+                status, err = r.status, (await r.json())["error"]
+                chosen = r.headers["x-smetric-worker"]
+            took = time.monotonic() - started
+            async with s.get(stack.url + "/workers") as r:
+                healthy = {w["url"]: w["healthy"] for w in (await r.json())["workers"]}
+            for w in stack.worker_urls:
+                await _faults(s, w, stall=False)
+    assert status == 504 and err["code"] == "worker_timeout" and err["type"] == "server_error"
+    assert 1 <= took < 10
+    assert healthy[chosen] is False
