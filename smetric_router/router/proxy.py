@@ -18,6 +18,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from smetric_router.router.drain import SHUTDOWN_CODE, take_ended
 from smetric_router.router.errors import RouterError, sse_error_event
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.routing import Routed, Router
@@ -290,6 +291,14 @@ async def copy_stream(
             # Close a half-written event first so the error event parses on its own.
             sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
             await out.write(sep + sse_error_event(f"worker {upstream} lost mid-stream: {why}"))
+            break
+        except asyncio.CancelledError:
+            # The router's shutdown grace ran out (router/drain.py), or the client went away.
+            if not take_ended():
+                raise
+            sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
+            msg = "the router shut down before the stream ended"
+            await out.write(sep + sse_error_event(msg, code=SHUTDOWN_CODE))
             break
         if not chunk:
             break
