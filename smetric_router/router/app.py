@@ -307,7 +307,9 @@ def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
             status = resp.status
             return resp
         except asyncio.CancelledError:
-            if not take_ended():  # the client went away
+            # the client went away, or the grace ran out while a stream was being written to a
+            # slow client (copy_stream ends those it catches waiting for the worker): cut it
+            if not take_ended() or request.writer.output_size:
                 raise
             # The shutdown grace ran out before the worker answered.
             e = _shutting_down("The router shut down before the worker answered.")
