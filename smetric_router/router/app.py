@@ -22,6 +22,7 @@ from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
 from smetric_router.router.config import RouterConfig
+from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
 from smetric_router.router.errors import RouterError, bad_request, no_worker
 from smetric_router.router.kv import KvFeeds
 from smetric_router.router.limits import upstream_connection_limit
@@ -72,6 +73,7 @@ class RouterState:
             # Evictions in a worker's KV events outvote the grace of its ended requests.
             hits.on_evicted = self.inflight.forget_ended
         self.started = int(time.time())
+        self.drain = Drain()  # graceful shutdown (router/drain.py)
         self._session: aiohttp.ClientSession | None = None
         self._registry: WorkerRegistry | None = None
         self._router: Router | None = None
@@ -309,9 +311,21 @@ def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
         started = time.perf_counter()
         status: int | str = 499  # stays so only when the client went away before an answer
         try:
-            resp = await _generate(state, request, endpoint, started)
+            if state.drain.draining:
+                raise _shutting_down("The router is shutting down: send the request again.")
+            with state.drain.track(asyncio.current_task()):
+                resp = await _generate(state, request, endpoint, started)
             status = STREAM_ERROR if request.get(STREAM_CUT) else resp.status
             return resp
+        except asyncio.CancelledError:
+            # the client went away, or the grace ran out while a stream was being written to a
+            # slow client (copy_stream ends those it catches waiting for the worker): cut it
+            if not take_ended() or request.writer.output_size:
+                raise
+            # The shutdown grace ran out before the worker answered.
+            e = _shutting_down("The router shut down before the worker answered.")
+            status = e.status
+            return e.response()
         except RouterError as e:
             status = e.status
             return e.response()
@@ -325,6 +339,11 @@ def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
             state.metrics.answered(label, status, time.perf_counter() - started)
 
     return handle
+
+
+def _shutting_down(message: str) -> RouterError:
+    return RouterError(503, message, type_="server_error", code=SHUTDOWN_CODE,
+                       headers={"Connection": "close"})  # fmt: skip
 
 
 async def _generate(
@@ -372,6 +391,9 @@ async def handle_health(request: web.Request) -> web.Response:
 async def handle_readiness(request: web.Request) -> web.Response:
     state = request.app[STATE]
     workers = state.registry.healthy()
+    if state.drain.draining:  # a balancer takes this replica out while it drains
+        body = {"status": "draining", "healthy_workers": len(workers)}
+        return web.json_response(body, status=503, dumps=_dumps)
     # Under PD a request needs both sides.
     needed = [Role.PREFILL, Role.DECODE] if state.pd is not None else [Role.WORKER]
     ready = all(any(w.role is r for w in workers) for r in needed)

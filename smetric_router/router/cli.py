@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -22,6 +23,9 @@ from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.policies import PolicyParams, policy_names
 from smetric_router.router.config import CACHE_VIEWS, L3_VIEWS, RouterConfig
 from smetric_router.router.limits import raise_open_files_limit
+
+if TYPE_CHECKING:
+    from smetric_router.router.app import RouterState
 
 log = logging.getLogger("smetric_router.router")
 
@@ -269,6 +273,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=_D.probe_timeout_secs,
         help="probe mode: a worker that has not answered the probe by then counts as hit 0",
     )
+    life = p.add_argument_group("lifecycle", "how the router stops")
+    life.add_argument(
+        "--shutdown-grace-secs",
+        type=float,
+        default=_D.shutdown_grace_secs,
+        help="on SIGTERM/SIGINT: /readiness answers 503 at once (a balancer drains the replica), "
+        "new requests get 503, open ones get this many seconds to finish; then a stream still "
+        "open is ended with an SSE error event (code router_shutting_down) and a request "
+        "still waiting for its worker gets 503, and the router exits 0. A second signal ends "
+        "the grace at once. Each --processes replica drains the same way",
+    )
     l3 = p.add_argument_group(
         "global KV tier (L3)",
         "Mooncake as HiCache's L3: which prompt pages any worker can load from the shared store",
@@ -435,6 +450,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             pd_handover_timeout_secs=a.pd_handover_timeout_secs,
             processes=a.processes,
             reuse_port=a.reuse_port or a.processes > 1,
+            shutdown_grace_secs=a.shutdown_grace_secs,
             max_upstream_connections=a.max_upstream_connections,
             retry_on_reset=a.retry_on_reset,
             first_byte_timeout_secs=a.first_byte_timeout_secs,
@@ -462,6 +478,23 @@ def replica_argv(argv: Sequence[str], port: int) -> list[str]:
     return [sys.executable, "-m", "smetric_router", *out, "--port", str(port), "--reuse-port"]
 
 
+# After the shutdown grace: how long ended requests get to write their last answer, and how long
+# aiohttp then waits for handlers (its default, 60 s twice, made a shutdown take two minutes).
+END_BOUND_S = 5.0
+
+
+async def drain(state: RouterState, grace: float) -> None:
+    """Stop taking requests, let the open ones finish within `grace`, then end the rest."""
+    d = state.drain
+    d.begin()
+    log.info("shutting down: %d requests open, %.1f s to finish", d.open, grace)
+    if await d.wait_idle(grace):
+        log.info("all requests finished")
+        return
+    log.warning("shutdown grace over: ending %d open requests", d.end_all())
+    await d.wait_idle(END_BOUND_S, can_hurry=False)
+
+
 def _die_with_parent() -> None:
     """A replica goes when the first process goes, even if that one is killed outright."""
     if sys.platform == "linux":
@@ -478,14 +511,26 @@ async def serve(
     from smetric_router.router.assemble import make_state
 
     state = make_state(config)
-    runners = [web.AppRunner(build_app(state), **RUNNER_OPTIONS)]
+    options = {**RUNNER_OPTIONS, "shutdown_timeout": END_BOUND_S}
+    runners = [web.AppRunner(build_app(state), **options)]
     replicas: list[subprocess.Popen[bytes]] = []
     if config.prometheus_port is not None:
-        runners.append(web.AppRunner(metrics_app(state), **RUNNER_OPTIONS))
+        runners.append(web.AppRunner(metrics_app(state), **options))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():  # a second signal: no more grace
+            state.drain.hurry()
+        stop.set()
+        # the replicas drain alongside (they sit in their own process group, so a Ctrl-C
+        # reaches them once, from here)
+        for p in replicas:
+            if p.poll() is None:
+                p.terminate()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         await runners[0].setup()
         await web.TCPSite(
@@ -500,7 +545,11 @@ async def serve(
             ports["prometheus"] = bound_port(runners[1])
         for _ in range(config.processes - 1):
             replicas.append(
-                subprocess.Popen(replica_argv(argv, ports["http"]), preexec_fn=_die_with_parent)
+                subprocess.Popen(
+                    replica_argv(argv, ports["http"]),
+                    preexec_fn=_die_with_parent,
+                    process_group=0,
+                )
             )
         if port_file is not None:
             write_port_file(port_file, ports)
@@ -525,15 +574,20 @@ async def serve(
         if replicas:
             log.info("%d more router processes on port %d", len(replicas), ports["http"])
         await stop.wait()
-        log.info("shutting down")
+        await drain(state, config.shutdown_grace_secs)
     finally:
         for p in replicas:
-            p.terminate()
+            if p.poll() is None:
+                p.terminate()
+        # they drained alongside this process: a little longer than its own end takes
+        deadline = loop.time() + 2 * END_BOUND_S
+        while any(p.poll() is None for p in replicas) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
         for p in replicas:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
+            if p.poll() is None:
+                log.warning("router process %d did not stop; killing it", p.pid)
                 p.kill()
+            p.wait()
         for r in reversed(runners):
             await r.cleanup()
 

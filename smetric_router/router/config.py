@@ -59,6 +59,8 @@ class RouterConfig:
     # Replicas of this router on one port (SO_REUSEPORT): each a full, independent router.
     processes: int = 1
     reuse_port: bool = False
+    # On SIGTERM/SIGINT, open requests get this long to finish before they are ended.
+    shutdown_grace_secs: float = 30.0
     # Upstream hardening (issue 12: items 5, 6, 9). Connections to workers open at once (each a
     # file descriptor); 0 = half the open-file limit. Past it, requests wait for a free one.
     max_upstream_connections: int = 0
@@ -108,6 +110,8 @@ class RouterConfig:
             raise ValueError("--l3-view events needs the KV-event index (--cache-view events)")
         if self.l3_budget_secs <= 0 or self.l3_cache_ttl_secs < 0 or self.l3_tp_rank < 0:
             raise ValueError("l3_budget_secs must be > 0, l3_cache_ttl_secs and l3_tp_rank >= 0")
+        if not 0 <= self.shutdown_grace_secs < float("inf"):
+            raise ValueError("shutdown_grace_secs must be >= 0")
         if self.prefill_overload_slack < 0:
             raise ValueError("prefill_overload_slack must be >= 0")
         if self.pd_disaggregation:

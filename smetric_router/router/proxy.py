@@ -25,6 +25,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from smetric_router.router.drain import SHUTDOWN_CODE, take_ended
 from smetric_router.router.errors import RouterError, openai_error_body, sse_error_event
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.routing import Routed, Router
@@ -396,6 +397,15 @@ async def copy_stream(
             else:
                 event = sse_error_event(f"worker {upstream} lost mid-stream: {why}")
             await out.write(sep + event)
+            await out.write_eof()
+            return e
+        except asyncio.CancelledError as e:
+            # The router's shutdown grace ran out (router/drain.py), or the client went away.
+            if not take_ended():
+                raise
+            sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
+            msg = "the router shut down before the stream ended"
+            await out.write(sep + sse_error_event(msg, code=SHUTDOWN_CODE))
             await out.write_eof()
             return e
         if not chunk:
