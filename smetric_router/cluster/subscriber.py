@@ -298,7 +298,11 @@ class KvEventFeed:
             self.reconnects += 1
             if reason is None and time.monotonic() - up_since >= self._config.stable_s:
                 self._backoff.reset()
-            self._went_down(reason or "disconnected")
+            self._went_down(
+                reason
+                or f"connection to {ep.pub} lost: closed, or heartbeats unanswered for "
+                f"{self._config.heartbeat_timeout_s:g} s"
+            )
             await asyncio.sleep(self._backoff.next())
 
     def _went_down(self, reason: str) -> None:
@@ -346,7 +350,9 @@ class KvEventFeed:
             if mon in ready:
                 event = parse_monitor_message(await mon.recv_multipart())["event"]
                 if event == zmq.EVENT_DISCONNECTED:
-                    return None if up else f"{ep.pub} closed the connection during the handshake"
+                    if not up:
+                        return f"{ep.pub} closed the connection during the handshake"
+                    return None
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     up = self.connected = True
                     last_live = time.monotonic()

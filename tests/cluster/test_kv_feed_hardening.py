@@ -19,6 +19,8 @@ from smetric_router.cluster.subscriber import FeedConfig, KvEventFeed
 from smetric_router.core.kv_events import AllBlocksCleared
 from smetric_router.emulator.kv_events import encode_batch
 from smetric_router.emulator.kv_publisher import END_SEQ, KvEventPublisher
+from smetric_router.router.assemble import make_state
+from smetric_router.router.cli import config_from_args
 from tests.cluster.frozen_proxy import FrozenProxy
 from tests.cluster.test_subscriber import (
     PAGE,
@@ -301,3 +303,11 @@ async def test_own_or_wildcard_kv_event_host_is_followed(
         assert not feed.state().refused
     finally:
         await feed.stop()
+
+
+def test_trust_flag_reaches_the_feeds() -> None:
+    for argv, trusted in (((), False), (("--trust-kv-endpoints",), True)):
+        config = config_from_args(["--worker-urls", "http://127.0.0.1:1", *argv])
+        assert config.trust_kv_endpoints is trusted
+        hub = make_state(config).kv_feeds
+        assert hub is not None and hub._config.trust_endpoints is trusted  # type: ignore[attr-defined]
