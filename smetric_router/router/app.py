@@ -256,6 +256,7 @@ class RouterState:
                     kv_resets=kv.resets if kv else 0,
                     kv_gaps_recovered=kv.gaps_recovered if kv else 0,
                     kv_decode_errors=kv.decode_errors if kv else 0,
+                    kv_stalls=kv.stalls if kv else 0,
                     inflight_pages=self.inflight.pages(w.url)
                     if self.inflight is not None and w.role is not Role.DECODE
                     else None,
@@ -419,6 +420,11 @@ async def handle_list_workers(request: web.Request) -> web.Response:
                 continue
             st = state.hits.stats(w["url"])
             w["kv_pages"] = {"gpu": st.gpu_pages, "host": st.host_pages}
+            # The feed behind those pages (issue 12): is it up, and has it been failing?
+            feed = state.kv_feeds.stats(w["url"]) if state.kv_feeds is not None else None
+            if feed is not None:
+                w["kv_feed"] = {"connected": feed.connected, "stalls": feed.stalls,
+                                "reconnects": feed.reconnects, "refused": feed.refused}  # fmt: skip
     return web.json_response({"workers": workers}, dumps=_dumps)
 
 

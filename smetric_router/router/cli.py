@@ -251,6 +251,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not subscribe to the workers' KV events (cache hits then stay unknown)",
     )
+    # KV-event feed hardening (issue 12)
+    p.add_argument(
+        "--trust-kv-endpoints",
+        action="store_true",
+        help="subscribe to the KV-event host a worker's /server_info names even when it is not "
+        "the worker's own host; by default such a worker's events are refused (logged, its "
+        "cache view stays empty), so a worker cannot point the router at another machine. "
+        "A wildcard host (*, 0.0.0.0, ::) always means the worker's own host",
+    )
     p.add_argument(
         "--no-inflight-prefixes",
         action="store_true",
@@ -432,6 +441,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             max_body_bytes=a.max_body_bytes,
             max_retries=a.max_retries,
             kv_events=not a.no_kv_events,
+            trust_kv_endpoints=a.trust_kv_endpoints,
             inflight_prefixes=not a.no_inflight_prefixes,
             cache_view=a.cache_view,
             probe_timeout_secs=a.probe_timeout_secs,

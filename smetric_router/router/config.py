@@ -33,6 +33,9 @@ class RouterConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     max_retries: int = 2
     kv_events: bool = True  # subscribe to the workers' KV events (off: hits stay 0)
+    # KV-event feed hardening (issue 12): follow a KV-event host a worker's /server_info names
+    # even when it is not the worker's own host (off: such a feed is refused).
+    trust_kv_endpoints: bool = False
     # Where per-worker cache hits come from: "events" (KV-event index) or "probe" (ask each worker's
     # patched SGLang /smetric/prefix_match per request, see patches/).
     cache_view: str = "events"

@@ -33,6 +33,7 @@ class WorkerSample:
     kv_resets: int = 0
     kv_gaps_recovered: int = 0
     kv_decode_errors: int = 0
+    kv_stalls: int = 0
     inflight_pages: int | None = None  # None: no in-flight prefix view (or a decode worker)
 
 
@@ -72,6 +73,12 @@ class _WorkerCollector(Collector):
             "the worker's KV index",
             labels=["worker"],
         )
+        stalls = CounterMetricFamily(
+            "smetric_kv_event_stalls",
+            "KV-event feeds found stalled (the replay socket had batches the live stream never "
+            "delivered, or did not answer): each cleared the worker's KV index and re-synced it",
+            labels=["worker"],
+        )
         pending = GaugeMetricFamily(
             "smetric_inflight_prefix_pages",
             "Distinct pages of requests in flight to the worker (or just ended) that the "
@@ -87,9 +94,10 @@ class _WorkerCollector(Collector):
                 resets.add_metric([s.url], s.kv_resets)
                 gaps.add_metric([s.url], s.kv_gaps_recovered)
                 decode_errors.add_metric([s.url], s.kv_decode_errors)
+                stalls.add_metric([s.url], s.kv_stalls)
             if s.inflight_pages is not None:
                 pending.add_metric([s.url], s.inflight_pages)
-        return [healthy, inflight, load, connected, resets, gaps, decode_errors, pending]
+        return [healthy, inflight, load, connected, resets, gaps, decode_errors, stalls, pending]
 
 
 @dataclass(frozen=True, slots=True)
