@@ -125,12 +125,14 @@ class FeatureExtractor:
 
     # -- full token ids ---------------------------------------------------------------------
 
-    def prompt_token_ids(self, body: Mapping[str, Any]) -> list[int]:
+    def prompt_token_ids(self, body: Mapping[str, Any], budget: Budget = UNLIMITED) -> list[int]:
         """The prompt's token ids for any of the three body kinds, told apart by their fields."""
         if "messages" in body:
-            return self._chats.prompt(body).token_ids()
+            return self._chats.prompt(body, budget).token_ids()
         if "prompt" in body:
             text, ids = bodies.completion_prompt(body)
         else:
             text, ids = bodies.generate_prompt(body)
-        return self.chat.tokenizer.encode_text(text) if text is not None else list(ids or [])
+        if text is None:
+            return list(ids or [])
+        return self.chat.tokenizer.encode_text(text, budget)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from smetric_router.cluster.inflight import Hold, InflightPrefixes
 from smetric_router.core.mooncake_keys import key_prefix
@@ -31,6 +31,8 @@ from smetric_router.router.probe import Prober
 from smetric_router.router.workers import Role, Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Used only until some worker reports its page size (no worker reachable yet, or none reports one).
 DEFAULT_PAGE_SIZE = 16
@@ -107,7 +109,7 @@ class Features(Protocol):
         budget: Budget = ...,
     ) -> RequestFeatures: ...
 
-    def prompt_token_ids(self, body: Mapping[str, Any]) -> list[int]: ...
+    def prompt_token_ids(self, body: Mapping[str, Any], budget: Budget = ...) -> list[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +203,12 @@ class Router:
         headers: Mapping[str, str],
         budget: Budget,
     ) -> RequestFeatures:
-        """On the loop when little is to be tokenized, else in the thread (Offload)."""
         run = functools.partial(self._extract_now, self.features, endpoint, body, headers)
-        chat = endpoint is Endpoint.CHAT
+        return await self._tokenizing(endpoint is Endpoint.CHAT, run, budget)
+
+    async def _tokenizing(self, chat: bool, run: Callable[[Budget], T], budget: Budget) -> T:
+        """run(budget) on the loop when little is to be tokenized, else in the thread (Offload);
+        chat: it reads and writes the extractor's chat state."""
         if not (chat and self._chat_off_loop.locked()):
             try:
                 return run(budget)
@@ -247,7 +252,11 @@ class Router:
         urls = [w.url for w in self._serving(model) if w.healthy]
         if not urls:
             return {}
-        return await self.prober.hits(self.features.prompt_token_ids(body), urls)
+        ids = functools.partial(self.features.prompt_token_ids, body)
+        chat = "messages" in body  # (how prompt_token_ids tells the kinds apart)
+        return await self.prober.hits(
+            await self._tokenizing(chat, ids, Budget(None, INLINE_CHARS)), urls
+        )
 
     async def l3_lookup(self, features: RequestFeatures, model: str | None) -> int | None:
         """Leading prompt tokens in the global tier: 0 without an L3 view, None when unknown

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from smetric_router.features.budget import UNLIMITED, Budget
 from smetric_router.features.chat_tokenizer import load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.router.app import RUNNER_OPTIONS, RouterState, build_app
@@ -27,9 +28,9 @@ class CountingExtractor(FeatureExtractor):
 
     calls = 0
 
-    def prompt_token_ids(self, body: Mapping[str, Any]) -> list[int]:
+    def prompt_token_ids(self, body: Mapping[str, Any], budget: Budget = UNLIMITED) -> list[int]:
         CountingExtractor.calls += 1
-        return super().prompt_token_ids(body)
+        return super().prompt_token_ids(body, budget)
 
 
 @contextlib.asynccontextmanager
