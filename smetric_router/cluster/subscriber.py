@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -47,6 +47,8 @@ class FeedConfig:
     http_timeout_s: float = 5.0
     retry_max_s: float = 5.0  # backoff cap while /server_info is unreachable
     rcvhwm: int = 100000  # like SGLang's publisher hwm: a burst must not be dropped here
+    # sent with /server_info: the worker key (SGLang's --api-key guards it), if any
+    http_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +232,9 @@ class KvEventFeed:
             while True:
                 for path in ("/server_info", "/get_server_info"):
                     try:
-                        async with session.get(self.url + path, timeout=timeout) as resp:
+                        async with session.get(
+                            self.url + path, timeout=timeout, headers=self._config.http_headers
+                        ) as resp:
                             if resp.status == 404:
                                 continue
                             resp.raise_for_status()

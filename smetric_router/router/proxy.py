@@ -18,6 +18,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from smetric_router.router.auth import upstream_auth_line
 from smetric_router.router.errors import RouterError, sse_error_event
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.routing import Routed, Router
@@ -56,8 +57,9 @@ UNREACHABLE = (
 
 
 def _forwarded(name: str) -> bool:
-    """Whether a client's request header (lower-case name) goes on to the worker."""
-    return name not in _HOP_BY_HOP and not name.startswith("x-smetric-")
+    """Whether a client's request header (lower-case name) goes on to the worker. Not its
+    Authorization: router/auth.py decides what the worker gets (upstream_auth_line)."""
+    return name not in _HOP_BY_HOP and name != "authorization" and not name.startswith("x-smetric-")
 
 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -123,7 +125,7 @@ class Proxy:
         started: float,
         label: str,
     ) -> web.StreamResponse:
-        headers = forward_head(request.raw_headers)
+        headers = forward_head(request.raw_headers) + upstream_auth_line(request)
         excluded: list[str] = []
         while True:
             worker = self.registry.workers.get(routed.decision.worker)

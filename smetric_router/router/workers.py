@@ -53,11 +53,33 @@ class Role(str, Enum):
 _REPORTED_TOKENS = {Role.PREFILL: "num_waiting_uncached_tokens", Role.DECODE: "num_used_tokens"}
 
 
+def redact_url(url: str) -> str:
+    """The URL for an error message or a log line: without user:password@, control characters
+    escaped, cut at 200 characters."""
+    if "@" in url:  # everything up to the last @ may be a secret
+        scheme, sep, _ = url.partition("://")
+        url = (scheme + sep if sep else "") + "***@" + url.rpartition("@")[2]
+    return repr(url[:200])
+
+
 def normalize_url(url: str) -> str:
+    """A worker's base URL, scheme://host[:port] and nothing else: credentials would leak into
+    headers, metrics and logs; a path, query or fragment would change every endpoint's meaning."""
     url = url.strip().rstrip("/")
+    shown = redact_url(url)
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ValueError(f"worker url must not contain blanks or control characters: {shown}")
     parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise ValueError(f"worker url must not carry credentials (user:password@): {shown}")
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"worker url must look like http://host:port, got {url!r}")
+        raise ValueError(f"worker url must look like http://host:port, got {shown}")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise ValueError(f"worker url has an invalid port: {shown}") from None
+    if parts.path or parts.query or parts.fragment or "?" in url or "#" in url:
+        raise ValueError(f"worker url must not have a path, query or fragment: {shown}")
     return url
 
 
@@ -178,6 +200,7 @@ class WorkerRegistry:
     load_interval: float = 1.0
     on_added: Hook | None = None
     on_removed: Hook | None = None
+    headers: dict[str, str] = field(default_factory=dict, repr=False)  # the worker key, if any
     workers: dict[str, Worker] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -277,7 +300,7 @@ class WorkerRegistry:
 
     async def _get_json(self, url: str) -> Any:
         timeout = aiohttp.ClientTimeout(total=self.health_timeout)
-        async with self.session.get(url, timeout=timeout) as resp:
+        async with self.session.get(url, timeout=timeout, headers=self.headers) as resp:
             if resp.status != 200:
                 return None
             return orjson.loads(await resp.read())
@@ -337,7 +360,9 @@ class WorkerRegistry:
         ok = False
         try:
             timeout = aiohttp.ClientTimeout(total=self.health_timeout)
-            async with self.session.get(w.url + "/health", timeout=timeout) as resp:
+            async with self.session.get(
+                w.url + "/health", timeout=timeout, headers=self.headers
+            ) as resp:
                 ok = resp.status == 200
                 await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError):
