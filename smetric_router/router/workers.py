@@ -43,6 +43,10 @@ class WorkerRejected(ValueError):
     pass
 
 
+class _Refused(Exception):
+    """The worker wants a key the router does not have (HTTP 401/403)."""
+
+
 class Role(str, Enum):
     WORKER = "worker"  # prefill and decode colocated
     PREFILL = "prefill"
@@ -100,6 +104,7 @@ class Worker:
     models: frozenset[str] = frozenset()
     problem: str | None = None  # why the worker is excluded although it answers, if it is
     probed: bool = False
+    refused: int | None = None  # the 401/403 its /server_info answered: no or a wrong key
     # Whether the worker loads from the global tier: False only when its /server_info says it
     # has no HiCache storage backend (a server that does not say is taken to have one).
     l3: bool = True
@@ -301,6 +306,8 @@ class WorkerRegistry:
     async def _get_json(self, url: str) -> Any:
         timeout = aiohttp.ClientTimeout(total=self.health_timeout)
         async with self.session.get(url, timeout=timeout, headers=self.headers) as resp:
+            if resp.status in (401, 403):
+                raise _Refused(resp.status)
             if resp.status != 200:
                 return None
             return orjson.loads(await resp.read())
@@ -318,6 +325,11 @@ class WorkerRegistry:
             log.warning("worker %s not reachable: %s", w.url, e or type(e).__name__)
             w.healthy = False
             return
+        except _Refused as e:
+            # it answers, so _admit excludes it with the reason (said once)
+            w.refused, w.probed, w.healthy = e.args[0], True, True
+            return
+        w.refused = None
         w.page_size = page_size_of(info) if isinstance(info, dict) else None
         if w.role is Role.PREFILL and not w.bootstrap_port_fixed:
             w.bootstrap_port = bootstrap_port_of(info) if isinstance(info, dict) else None
@@ -342,6 +354,11 @@ class WorkerRegistry:
         return False
 
     def _problem(self, w: Worker) -> str | None:
+        if w.refused is not None:
+            return (
+                f"worker {w.url} refuses the router's requests (HTTP {w.refused}): give the "
+                "router its key with --worker-api-key (the worker's --api-key)"
+            )
         if w.role is Role.PREFILL and w.bootstrap_port is None and w.probed:
             return (
                 f"prefill {w.url} reports no disaggregation_bootstrap_port in /server_info; "
@@ -379,7 +396,7 @@ class WorkerRegistry:
     async def _poll_one(self, w: Worker) -> None:
         try:
             data = await self._get_json(w.url + "/v1/loads")
-        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError, _Refused):
             data = None
         loads = data.get("loads") if isinstance(data, dict) else None
         if not isinstance(loads, list):

@@ -275,6 +275,36 @@ async def test_pd_sends_the_worker_key_not_the_clients(
         assert [h.get("Authorization") for h in w.headers] == [f"Bearer {WORKER_KEY}"]
 
 
+class LockedWorker(FakeWorker):
+    """Like SGLang with --api-key: /server_info and the rest need the key (not /health)."""
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {WORKER_KEY}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await super()._server_info(request)
+
+
+async def test_a_worker_refusing_the_router_is_excluded_with_the_reason(
+    make_worker: MakeWorker, make_router: MakeRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = await make_worker("a", cls=LockedWorker)
+    router = await make_router([w.url])  # no --worker-api-key
+    registry = router.state.registry
+    assert not registry.workers[w.url].healthy
+    assert "--worker-api-key" in (registry.workers[w.url].problem or "")
+    assert "--worker-api-key" in caplog.text
+    async with aiohttp.ClientSession() as s:
+        async with s.post(router.url + "/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 503
+        async with s.delete(router.url + "/workers", params={"url": w.url}) as r:
+            assert r.status == 200
+        async with s.post(router.url + "/workers", json={"url": w.url}) as r:
+            err = assert_openai_error(await r.json(), 400, r.status)
+            assert "HTTP 401" in err["message"] and "--worker-api-key" in err["message"]
+    keyed = await make_router([w.url], worker_api_key=WORKER_KEY)
+    assert keyed.state.registry.workers[w.url].healthy
+
+
 # Configuration ---------------------------------------------------------------------------------
 
 
