@@ -162,9 +162,10 @@ def _upstream_line(policy: AuthPolicy, request: web.Request) -> bytes:
     if policy.worker_api_key is not None:
         return b"Authorization: Bearer %s\r\n" % policy.worker_api_key.encode()
     if policy.forward_authorization:
-        return b"".join(
-            b"%s: %s\r\n" % (k, v) for k, v in request.raw_headers if k.lower() == b"authorization"
-        )
+        # the first one only: a second Authorization header is not the client's key either
+        for k, v in request.raw_headers:
+            if k.lower() == b"authorization":
+                return b"Authorization: %s\r\n" % v
     return b""
 
 

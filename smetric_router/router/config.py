@@ -114,11 +114,11 @@ class RouterConfig:
             raise ValueError("--prefill, --decode and --prefill-policy need --pd-disaggregation")
         for name in ("api_key", "admin_api_key", "worker_api_key"):
             key = getattr(self, name)
-            # a key goes into an HTTP header: no blanks or control characters
+            # a key goes into an HTTP header: printable ASCII, no blanks
             if key is not None and (
-                not key or any(c.isspace() or not c.isprintable() for c in key)
+                not key or any(c.isspace() or not c.isprintable() or not c.isascii() for c in key)
             ):
-                raise ValueError(f"{name} must be non-empty, without blanks or control characters")
+                raise ValueError(f"{name} must be non-empty printable ASCII without blanks")
         if self.worker_api_key is not None and self.forward_authorization:
             raise ValueError(
                 "--worker-api-key and --forward-authorization exclude each other: the workers get "

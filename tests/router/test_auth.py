@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 
 from smetric_router.router.cli import build_parser, config_from_args
 from smetric_router.router.config import RouterConfig
@@ -33,7 +34,8 @@ class KeyedWorker(FakeWorker):
         self.auth: dict[str, list[str | None]] = {}
 
     def _saw(self, request: web.Request) -> None:
-        self.auth.setdefault(request.path, []).append(request.headers.get("Authorization"))
+        got = request.headers.getall("Authorization", [])
+        self.auth.setdefault(request.path, []).append(", ".join(got) if got else None)
 
     async def _health(self, request: web.Request) -> web.Response:
         self._saw(request)
@@ -220,12 +222,12 @@ async def test_forward_authorization_passes_the_clients_header(
 ) -> None:
     w = await make_worker("a", cls=KeyedWorker)
     router = await make_router([w.url], forward_authorization=True)
-    async with (
-        aiohttp.ClientSession() as s,
-        s.post(router.url + "/v1/chat/completions", json=CHAT, headers=bearer("own")) as r,
-    ):
-        assert r.status == 200
-    assert w.auth["/v1/chat/completions"] == ["Bearer own"]
+    two = CIMultiDict([("Authorization", "Bearer own"), ("Authorization", "Bearer second")])
+    async with aiohttp.ClientSession() as s:
+        for headers in (bearer("own"), two):
+            async with s.post(router.url + "/v1/chat/completions", json=CHAT, headers=headers) as r:
+                assert r.status == 200
+    assert w.auth["/v1/chat/completions"] == ["Bearer own", "Bearer own"]
 
 
 async def test_worker_key_on_generation_and_on_the_routers_own_calls(
@@ -340,6 +342,7 @@ def test_keys_come_from_flags_or_the_environment(monkeypatch: pytest.MonkeyPatch
         {"api_key": ""},
         {"admin_api_key": "two words"},
         {"worker_api_key": "line\r\nX-Injected: 1"},
+        {"api_key": "clé"},
         {"worker_api_key": "k", "forward_authorization": True},
     ],
 )
