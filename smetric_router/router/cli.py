@@ -342,30 +342,31 @@ def _add_auth_flags(p: argparse.ArgumentParser) -> None:
         "/health, /liveness, /readiness and /metrics stay open, for probes and Prometheus. "
         "Request bodies must be sent as 'Content-Type: application/json' (else 415).",
     )
-    # default=None (not the environment's value): --help must never print a key
+    # SUPPRESS (not the environment's value): --help must never print a key
     auth.add_argument(
         "--api-key",
-        default=None,
+        default=argparse.SUPPRESS,
         metavar="KEY",
         help=f"key the inference endpoints need (generation, /v1/models, GET /workers, "
-        f"/smetric/prefix_match); a request without it gets 401; default: ${API_KEY_ENV}, "
-        "else none (open)",
+        f"/smetric/prefix_match); a request without it gets 401; default: ${API_KEY_ENV} (the "
+        "environment is not visible to other users as a command line is), else none: open",
     )
     auth.add_argument(
         "--admin-api-key",
-        default=None,
+        default=argparse.SUPPRESS,
         metavar="KEY",
         help=f"key of the admin endpoints (POST/DELETE /workers, POST /flush_cache): 401 "
         f"without a key, 403 with another; default: ${ADMIN_API_KEY_ENV}; without it, admin "
-        "endpoints take the --api-key, and with no key at all only loopback clients",
+        "endpoints take the --api-key, and with no key at all only loopback clients (behind a "
+        "reverse proxy on this host every client is loopback: set a key there)",
     )
     auth.add_argument(
         "--worker-api-key",
-        default=None,
+        default=argparse.SUPPRESS,
         metavar="KEY",
         help=f"the workers' key (SGLang's --api-key): sent as 'Authorization: Bearer KEY' on "
         f"forwarded requests and on the router's own calls (health, server_info, loads, flush); "
-        f"default: ${WORKER_API_KEY_ENV}",
+        f"default: ${WORKER_API_KEY_ENV}, else none; excludes --forward-authorization",
     )
     auth.add_argument(
         "--forward-authorization",
@@ -447,9 +448,9 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             pd_handover_timeout_secs=a.pd_handover_timeout_secs,
             processes=a.processes,
             reuse_port=a.reuse_port or a.processes > 1,
-            api_key=_key(a.api_key, API_KEY_ENV),
-            admin_api_key=_key(a.admin_api_key, ADMIN_API_KEY_ENV),
-            worker_api_key=_key(a.worker_api_key, WORKER_API_KEY_ENV),
+            api_key=_key(getattr(a, "api_key", None), API_KEY_ENV),
+            admin_api_key=_key(getattr(a, "admin_api_key", None), ADMIN_API_KEY_ENV),
+            worker_api_key=_key(getattr(a, "worker_api_key", None), WORKER_API_KEY_ENV),
             forward_authorization=a.forward_authorization,
         )
     except ValueError as e:
