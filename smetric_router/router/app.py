@@ -23,12 +23,14 @@ from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
 from smetric_router.router.auth import auth_middleware
 from smetric_router.router.config import RouterConfig
+from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
 from smetric_router.router.errors import RouterError, bad_request, no_worker
 from smetric_router.router.kv import KvFeeds
-from smetric_router.router.metrics import L3Sample, RouterMetrics, WorkerSample
+from smetric_router.router.limits import upstream_connection_limit
+from smetric_router.router.metrics import STREAM_ERROR, L3Sample, RouterMetrics, WorkerSample
 from smetric_router.router.pd import PdProxy
 from smetric_router.router.probe import Prober
-from smetric_router.router.proxy import Proxy
+from smetric_router.router.proxy import STREAM_CUT, Proxy
 from smetric_router.router.routing import (
     DEFAULT_PAGE_SIZE,
     Endpoint,
@@ -72,6 +74,7 @@ class RouterState:
             # Evictions in a worker's KV events outvote the grace of its ended requests.
             hits.on_evicted = self.inflight.forget_ended
         self.started = int(time.time())
+        self.drain = Drain()  # graceful shutdown (router/drain.py)
         self._session: aiohttp.ClientSession | None = None
         self._registry: WorkerRegistry | None = None
         self._router: Router | None = None
@@ -146,7 +149,10 @@ class RouterState:
             l3_key_prefix=c.l3_key_prefix,
             inflight=self.inflight,
         )
-        self._upstream = Upstream(connect_timeout=timeout.sock_connect or c.request_timeout_secs)
+        self._upstream = Upstream(
+            connect_timeout=timeout.sock_connect or c.request_timeout_secs,
+            max_connections=upstream_connection_limit(c.max_upstream_connections),
+        )
         self._proxy = Proxy(
             upstream=self._upstream,
             router=self._router,
@@ -154,6 +160,9 @@ class RouterState:
             metrics=self.metrics,
             max_retries=c.max_retries,
             timeout=c.request_timeout_secs,
+            first_byte_timeout=c.first_byte_timeout_secs,
+            stream_idle_timeout=c.stream_idle_timeout_secs,
+            retry_on_reset=c.retry_on_reset,
         )
         if c.pd_disaggregation:
             decode_policy = make_policy(c.decode_policy, c.policy_params)
@@ -168,6 +177,10 @@ class RouterState:
                 max_retries=c.max_retries,
                 timeout=timeout,
                 handover_timeout=c.pd_handover_timeout_secs,
+                slots=self._upstream,
+                first_byte_timeout=c.first_byte_timeout_secs,
+                stream_idle_timeout=c.stream_idle_timeout_secs,
+                retry_on_reset=c.retry_on_reset,
             )
         try:
             if self.l3 is not None:
@@ -245,6 +258,7 @@ class RouterState:
                     kv_resets=kv.resets if kv else 0,
                     kv_gaps_recovered=kv.gaps_recovered if kv else 0,
                     kv_decode_errors=kv.decode_errors if kv else 0,
+                    kv_stalls=kv.stalls if kv else 0,
                     inflight_pages=self.inflight.pages(w.url)
                     if self.inflight is not None and w.role is not Role.DECODE
                     else None,
@@ -304,11 +318,23 @@ def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
     async def handle(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
         started = time.perf_counter()
-        status = 499  # stays so only when the client went away before an answer
+        status: int | str = 499  # stays so only when the client went away before an answer
         try:
-            resp = await _generate(state, request, endpoint, started)
-            status = resp.status
+            if state.drain.draining:
+                raise _shutting_down("The router is shutting down: send the request again.")
+            with state.drain.track(asyncio.current_task()):
+                resp = await _generate(state, request, endpoint, started)
+            status = STREAM_ERROR if request.get(STREAM_CUT) else resp.status
             return resp
+        except asyncio.CancelledError:
+            # the client went away, or the grace ran out while a stream was being written to a
+            # slow client (copy_stream ends those it catches waiting for the worker): cut it
+            if not take_ended() or request.writer.output_size:
+                raise
+            # The shutdown grace ran out before the worker answered.
+            e = _shutting_down("The router shut down before the worker answered.")
+            status = e.status
+            return e.response()
         except RouterError as e:
             status = e.status
             return e.response()
@@ -322,6 +348,11 @@ def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
             state.metrics.answered(label, status, time.perf_counter() - started)
 
     return handle
+
+
+def _shutting_down(message: str) -> RouterError:
+    return RouterError(503, message, type_="server_error", code=SHUTDOWN_CODE,
+                       headers={"Connection": "close"})  # fmt: skip
 
 
 async def _generate(
@@ -348,7 +379,8 @@ async def _generate(
     label = endpoint.value
     if state.pd is not None:
         return await state.pd.dispatch(request, endpoint.value, body, pair, started, label)
-    return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, label)
+    stream = body.get("stream") is True
+    return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, label, stream)
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -368,6 +400,9 @@ async def handle_health(request: web.Request) -> web.Response:
 async def handle_readiness(request: web.Request) -> web.Response:
     state = request.app[STATE]
     workers = state.registry.healthy()
+    if state.drain.draining:  # a balancer takes this replica out while it drains
+        body = {"status": "draining", "healthy_workers": len(workers)}
+        return web.json_response(body, status=503, dumps=_dumps)
     # Under PD a request needs both sides.
     needed = [Role.PREFILL, Role.DECODE] if state.pd is not None else [Role.WORKER]
     ready = all(any(w.role is r for w in workers) for r in needed)
@@ -393,6 +428,11 @@ async def handle_list_workers(request: web.Request) -> web.Response:
                 continue
             st = state.hits.stats(w["url"])
             w["kv_pages"] = {"gpu": st.gpu_pages, "host": st.host_pages}
+            # The feed behind those pages (issue 12): is it up, and has it been failing?
+            feed = state.kv_feeds.stats(w["url"]) if state.kv_feeds is not None else None
+            if feed is not None:
+                w["kv_feed"] = {"connected": feed.connected, "stalls": feed.stalls,
+                                "reconnects": feed.reconnects, "refused": feed.refused}  # fmt: skip
     return web.json_response({"workers": workers}, dumps=_dumps)
 
 

@@ -40,14 +40,20 @@ def make_state(config: RouterConfig) -> RouterState:
         )
     elif config.l3_view == "events" and index is not None:
         l3 = EventsL3(index)
-    feeds = FeedConfig(http_headers=tuple(config.worker_headers().items()))
+    feeds = None
+    if index is not None and config.kv_events:
+        feeds = KvEventHub(
+            index,
+            config=FeedConfig(
+                trust_endpoints=config.trust_kv_endpoints,
+                http_headers=tuple(config.worker_headers().items()),
+            ),
+        )
     return RouterState(
         config,
         features_for=features_for,
         hits=index,
         text_tree=TextTree() if keep_text else None,
-        kv_feeds=KvEventHub(index, config=feeds)
-        if index is not None and config.kv_events
-        else None,
+        kv_feeds=feeds,
         l3=l3,
     )

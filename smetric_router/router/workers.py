@@ -34,6 +34,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from smetric_router.router.upstream import is_local
+
 log = logging.getLogger(__name__)
 
 _STALE_POLLS = 3
@@ -382,7 +384,10 @@ class WorkerRegistry:
             ) as resp:
                 ok = resp.status == 200
                 await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            if is_local(e):  # the router is out of file descriptors: nothing about the worker
+                log.warning("health check of %s skipped: %s", w.url, e)
+                return
             ok = False
         if ok and not w.healthy:
             # It may have restarted with other settings: read them again before admitting it.
