@@ -48,7 +48,7 @@ import ipaddress
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -81,6 +81,8 @@ class FeedConfig:
     idle_probe_s: float = 5.0  # no live batch this long: check the feed against the replay
     stable_s: float = 10.0  # a connection up this long resets the backoff
     trust_endpoints: bool = False  # accept a KV-event host other than the worker's own
+    # sent with /server_info: the worker key (SGLang's --api-key guards it), if any
+    http_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +396,9 @@ class KvEventFeed:
             while True:
                 for path in ("/server_info", "/get_server_info"):
                     try:
-                        async with session.get(self.url + path, timeout=timeout) as resp:
+                        async with session.get(
+                            self.url + path, timeout=timeout, headers=self._config.http_headers
+                        ) as resp:
                             if resp.status == 404:
                                 continue
                             resp.raise_for_status()

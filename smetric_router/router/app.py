@@ -21,6 +21,7 @@ from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
+from smetric_router.router.auth import auth_middleware
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
 from smetric_router.router.errors import RouterError, bad_request, no_worker
@@ -39,7 +40,7 @@ from smetric_router.router.routing import (
     TextTree,
 )
 from smetric_router.router.upstream import Upstream
-from smetric_router.router.workers import Role, WorkerRegistry, WorkerSpec
+from smetric_router.router.workers import Role, WorkerRegistry, WorkerSpec, normalize_url
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class RouterState:
             load_interval=c.load_poll_interval_secs,
             on_added=self._worker_added,
             on_removed=self._worker_removed,
+            headers=c.worker_headers(),
         )
         timeout = aiohttp.ClientTimeout(
             total=c.request_timeout_secs, sock_connect=min(10.0, c.request_timeout_secs)
@@ -140,7 +142,7 @@ class RouterState:
             self.hits,
             self.text_tree,
             role=role,
-            prober=Prober(self._session, c.probe_timeout_secs, self.metrics)
+            prober=Prober(self._session, c.probe_timeout_secs, self.metrics, c.worker_headers())
             if c.cache_view == "probe"
             else None,
             l3=self.l3,
@@ -289,20 +291,26 @@ def _too_large(limit: int) -> RouterError:
     return RouterError(413, f"The request body exceeds {limit} bytes.", code="request_too_large")
 
 
-def _check_model(body: dict[str, Any], served: frozenset[str]) -> str | None:
+def _check_model(body: dict[str, Any], registry: WorkerRegistry) -> str | None:
+    """The model to route by, None = any worker. Like SGLang, a cluster serving one model (a
+    name, with its aliases, every worker serves) takes any name, as clients often send "default";
+    with several models the name picks the workers, and an unknown one is a 404."""
     model = body.get("model")
     if model is None:
         return None
     if not isinstance(model, str):
         raise bad_request("'model' must be a string.", param="model")
-    if served and model not in served:
-        raise RouterError(
-            404,
-            f"The model `{model}` does not exist or you do not have access to it.",
-            param="model",
-            code="model_not_found",
-        )
-    return model if served else None
+    names = [w.models for w in registry.workers.values() if w.models]
+    if not names or model in frozenset().union(*names):
+        return model if names else None
+    if frozenset.intersection(*names):
+        return None  # one model: whatever it is called here
+    raise RouterError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
@@ -352,7 +360,7 @@ async def _generate(
     state: RouterState, request: web.Request, endpoint: Endpoint, started: float
 ) -> web.StreamResponse:
     raw, body = await read_json_object(request, state.config.max_body_bytes)
-    model = _check_model(body, state.registry.models())
+    model = _check_model(body, state.registry)
     router = state.router
     try:
         features = await router.extract(endpoint, body, request.headers, model)
@@ -447,7 +455,7 @@ async def handle_prefix_match(request: web.Request) -> web.Response:
             raise bad_request("'input_ids' must be a list of token ids, or a list of such lists.",
                               param="input_ids")  # fmt: skip
         page_size = state.registry.page_size or DEFAULT_PAGE_SIZE
-        model = _check_model(body, state.registry.models())
+        model = _check_model(body, state.registry)
         results, l3 = [], []
         for prompt in prompts:
             # the same features a /generate of these ids gets (digests too, with --l3-view master)
@@ -509,11 +517,15 @@ async def handle_remove_worker(request: web.Request) -> web.Response:
             url = body.get("url") if isinstance(body.get("url"), str) else None
         if url is None:
             raise bad_request('give the worker as ?url= or a JSON body {"url": ...}', "url")
+        try:
+            url = normalize_url(url)
+        except ValueError as e:
+            raise bad_request(str(e), param="url") from None
         if await state.registry.remove(url) is None:
             raise RouterError(404, f"worker {url} is not registered", param="url")
     except RouterError as e:
         return e.response()
-    return web.json_response({"removed": url.rstrip("/")}, dumps=_dumps)
+    return web.json_response({"removed": url}, dumps=_dumps)
 
 
 async def handle_flush_cache(request: web.Request) -> web.Response:
@@ -524,7 +536,10 @@ async def handle_flush_cache(request: web.Request) -> web.Response:
     async def flush(url: str) -> tuple[int, str]:
         try:
             async with state.session.post(
-                url + "/flush_cache", params=request.query, timeout=timeout
+                url + "/flush_cache",
+                params=request.query,
+                timeout=timeout,
+                headers=state.config.worker_headers(),
             ) as resp:
                 return resp.status, (await resp.read()).decode(errors="replace")
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
@@ -550,7 +565,10 @@ def _dumps(obj: Any) -> str:
 
 
 def build_app(state: RouterState) -> web.Application:
-    app = web.Application(client_max_size=state.config.max_body_bytes)
+    app = web.Application(
+        client_max_size=state.config.max_body_bytes,
+        middlewares=[auth_middleware(state.config.auth())],
+    )
     app[STATE] = state
 
     async def on_startup(_: web.Application) -> None:
@@ -572,7 +590,7 @@ def build_app(state: RouterState) -> web.Application:
     app.router.add_get("/workers", handle_list_workers)
     app.router.add_post("/workers", handle_add_worker)
     app.router.add_delete("/workers", handle_remove_worker)
-    app.router.add_route("*", "/flush_cache", handle_flush_cache)
+    app.router.add_post("/flush_cache", handle_flush_cache)  # POST only: a link cannot flush
     app.router.add_post("/smetric/prefix_match", handle_prefix_match)
     return app
 

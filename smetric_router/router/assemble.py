@@ -42,7 +42,13 @@ def make_state(config: RouterConfig) -> RouterState:
         l3 = EventsL3(index)
     feeds = None
     if index is not None and config.kv_events:
-        feeds = KvEventHub(index, config=FeedConfig(trust_endpoints=config.trust_kv_endpoints))
+        feeds = KvEventHub(
+            index,
+            config=FeedConfig(
+                trust_endpoints=config.trust_kv_endpoints,
+                http_headers=tuple(config.worker_headers().items()),
+            ),
+        )
     return RouterState(
         config,
         features_for=features_for,

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import ctypes
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from aiohttp import web
 from smetric_router.cluster.inflight import GRACE_S
 from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.policies import PolicyParams, policy_names
+from smetric_router.router.auth import describe
 from smetric_router.router.config import CACHE_VIEWS, L3_VIEWS, RouterConfig
 from smetric_router.router.limits import raise_open_files_limit
 
@@ -388,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
         "default: SGLang may retract a running request under KV-cache pressure and prefill "
         "it again, and tool-call parsers hold text back",
     )
+    _add_auth_flags(p)
     limits = p.add_argument_group(
         "request limits", "what the router refuses (400) before a worker sees it"
     )
@@ -402,6 +405,58 @@ def build_parser() -> argparse.ArgumentParser:
         "Default: the smallest max_model_len the workers' /v1/models report (unknown: no limit)",
     )
     return p
+
+
+# Keys are read from these when the flag is absent: a command line is visible to every local
+# user (ps), the environment is not.
+API_KEY_ENV = "SMETRIC_API_KEY"
+ADMIN_API_KEY_ENV = "SMETRIC_ADMIN_API_KEY"
+WORKER_API_KEY_ENV = "SMETRIC_WORKER_API_KEY"
+
+
+def _add_auth_flags(p: argparse.ArgumentParser) -> None:
+    auth = p.add_argument_group(
+        "authentication",
+        "Clients send keys as 'Authorization: Bearer KEY' (the openai client's api_key). "
+        "/health, /liveness, /readiness and /metrics stay open, for probes and Prometheus. "
+        "Request bodies must be sent as 'Content-Type: application/json' (else 415).",
+    )
+    # SUPPRESS (not the environment's value): --help must never print a key
+    auth.add_argument(
+        "--api-key",
+        default=argparse.SUPPRESS,
+        metavar="KEY",
+        help=f"key the inference endpoints need (generation, /v1/models, GET /workers, "
+        f"/smetric/prefix_match); a request without it gets 401; default: ${API_KEY_ENV} (the "
+        "environment is not visible to other users as a command line is), else none: open",
+    )
+    auth.add_argument(
+        "--admin-api-key",
+        default=argparse.SUPPRESS,
+        metavar="KEY",
+        help=f"key of the admin endpoints (POST/DELETE /workers, POST /flush_cache): 401 "
+        f"without a key, 403 with another; default: ${ADMIN_API_KEY_ENV}; without it, admin "
+        "endpoints take the --api-key, and with no key at all only loopback clients (behind a "
+        "reverse proxy on this host every client is loopback: set a key there)",
+    )
+    auth.add_argument(
+        "--worker-api-key",
+        default=argparse.SUPPRESS,
+        metavar="KEY",
+        help=f"the workers' key (SGLang's --api-key): sent as 'Authorization: Bearer KEY' on "
+        f"forwarded requests and on the router's own calls (health, server_info, loads, flush); "
+        f"default: ${WORKER_API_KEY_ENV}, else none; excludes --forward-authorization",
+    )
+    auth.add_argument(
+        "--forward-authorization",
+        action="store_true",
+        help="pass the client's own Authorization header on to the worker (by default it is "
+        "dropped: it holds the router's key, not the worker's)",
+    )
+
+
+def _key(given: str | None, env: str) -> str | None:
+    return given if given is not None else os.environ.get(env) or None
 
 
 def _prefill_specs(given: list[list[str]]) -> tuple[tuple[str, int | None], ...]:
@@ -478,6 +533,10 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             retry_on_reset=a.retry_on_reset,
             first_byte_timeout_secs=a.first_byte_timeout_secs,
             stream_idle_timeout_secs=a.stream_idle_timeout_secs,
+            api_key=_key(getattr(a, "api_key", None), API_KEY_ENV),
+            admin_api_key=_key(getattr(a, "admin_api_key", None), ADMIN_API_KEY_ENV),
+            worker_api_key=_key(getattr(a, "worker_api_key", None), WORKER_API_KEY_ENV),
+            forward_authorization=a.forward_authorization,
             context_length=a.context_length,
         )
     except ValueError as e:
@@ -595,6 +654,7 @@ async def serve(
                 config.policy,
                 len(config.worker_urls),
             )
+        log.info("auth: %s", describe(config.auth()))
         if replicas:
             log.info("%d more router processes on port %d", len(replicas), ports["http"])
         await stop.wait()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from smetric_router.policies import PolicyParams
+from smetric_router.router.auth import AuthPolicy, bearer
 from smetric_router.router.workers import Role, WorkerSpec
 
 CACHE_VIEWS = ("events", "probe")
@@ -74,6 +75,11 @@ class RouterConfig:
     # a stream; past either the worker is marked failed and the request ends.
     first_byte_timeout_secs: float = 600.0
     stream_idle_timeout_secs: float = 300.0
+    # Authentication (router/auth.py). Keys stay out of repr(): a logged config shows no secret.
+    api_key: str | None = field(default=None, repr=False)
+    admin_api_key: str | None = field(default=None, repr=False)
+    worker_api_key: str | None = field(default=None, repr=False)
+    forward_authorization: bool = False
     # Request limits: the served context length (None: the smallest the workers report).
     context_length: int | None = None
 
@@ -133,6 +139,18 @@ class RouterConfig:
                 )
         elif self.prefill or self.decode_urls or self.prefill_policy is not None:
             raise ValueError("--prefill, --decode and --prefill-policy need --pd-disaggregation")
+        for name in ("api_key", "admin_api_key", "worker_api_key"):
+            key = getattr(self, name)
+            # a key goes into an HTTP header: printable ASCII, no blanks
+            if key is not None and (
+                not key or any(c.isspace() or not c.isprintable() or not c.isascii() for c in key)
+            ):
+                raise ValueError(f"{name} must be non-empty printable ASCII without blanks")
+        if self.worker_api_key is not None and self.forward_authorization:
+            raise ValueError(
+                "--worker-api-key and --forward-authorization exclude each other: the workers get "
+                "either the router's worker key or the client's own Authorization header"
+            )
         self.worker_specs()  # URL and port checks fail here, at start-up
 
     @property
@@ -145,6 +163,15 @@ class RouterConfig:
             + [WorkerSpec(u, Role.PREFILL, port) for u, port in self.prefill]
             + [WorkerSpec(u, Role.DECODE) for u in self.decode_urls]
         )
+
+    def auth(self) -> AuthPolicy:
+        return AuthPolicy(
+            self.api_key, self.admin_api_key, self.worker_api_key, self.forward_authorization
+        )
+
+    def worker_headers(self) -> dict[str, str]:
+        """What the router's own calls to the workers (health, info, loads, flush) carry."""
+        return bearer(self.worker_api_key) if self.worker_api_key is not None else {}
 
     def prefill_params(self) -> PolicyParams:
         """Prefill load counts tokens, so the request-count slack is replaced by a token one."""

@@ -39,6 +39,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from smetric_router.core.types import RequestFeatures
+from smetric_router.router.auth import upstream_auth_header
 from smetric_router.router.errors import RouterError, bad_request, openai_error_body
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.proxy import (
@@ -209,6 +210,7 @@ class PdProxy:
     ) -> web.StreamResponse:
         n = batch_size(path, body)
         headers = forward_headers(request.headers)
+        headers.update(upstream_auth_header(request))
         excluded: dict[Side, list[str]] = {Side.PREFILL: [], Side.DECODE: []}
         while True:
             prefill = self.registry.workers.get(pair.prefill.decision.worker)

@@ -25,6 +25,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from smetric_router.router.auth import upstream_auth_line
 from smetric_router.router.drain import SHUTDOWN_CODE, take_ended
 from smetric_router.router.errors import RouterError, openai_error_body, sse_error_event
 from smetric_router.router.metrics import RouterMetrics
@@ -71,8 +72,9 @@ STREAM_CUT: web.RequestKey[bool] = web.RequestKey("smetric_stream_cut", bool)
 
 
 def _forwarded(name: str) -> bool:
-    """Whether a client's request header (lower-case name) goes on to the worker."""
-    return name not in _HOP_BY_HOP and not name.startswith("x-smetric-")
+    """Whether a client's request header (lower-case name) goes on to the worker. Not its
+    Authorization: router/auth.py decides what the worker gets (upstream_auth_line)."""
+    return name not in _HOP_BY_HOP and name != "authorization" and not name.startswith("x-smetric-")
 
 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -183,7 +185,7 @@ class Proxy:
         label: str,
         stream: bool = False,
     ) -> web.StreamResponse:
-        headers = forward_head(request.raw_headers)
+        headers = forward_head(request.raw_headers) + upstream_auth_line(request)
         excluded: list[str] = []
         while True:
             worker = self.registry.workers.get(routed.decision.worker)
