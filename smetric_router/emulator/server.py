@@ -419,6 +419,8 @@ def _generate_prompt(em: Emulator, body: Json) -> tuple[list[int], int]:
     if text is not None and not isinstance(text, str):
         raise BadRequest("the emulator serves one prompt per request: text must be a string")
     prompt = em.codec.encode_prompt(text) if isinstance(text, str) else _token_ids(ids, "input_ids")
+    if not prompt:  # "" tokenizes to nothing; the engine takes no empty prompt
+        raise BadRequest("text is empty")
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise BadRequest("sampling_params: Input should be a valid dictionary", validation=True)
