@@ -55,9 +55,13 @@ UNREACHABLE = (
 )
 
 
+# aiohttp has already decoded the body the router forwards.
+_DECODED = frozenset({"content-encoding"})
+
+
 def _forwarded(name: str) -> bool:
     """Whether a client's request header (lower-case name) goes on to the worker."""
-    return name not in _HOP_BY_HOP and not name.startswith("x-smetric-")
+    return name not in _HOP_BY_HOP and name not in _DECODED and not name.startswith("x-smetric-")
 
 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
