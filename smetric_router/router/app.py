@@ -261,6 +261,9 @@ async def read_json_object(request: web.Request, limit: int) -> tuple[bytes, dic
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(limit) from None
+    except web.RequestPayloadError as e:  # e.g. a body that fails its Content-Encoding
+        why = " ".join(str(e).split())
+        raise bad_request(f"We could not read the body of your request: {why}") from None
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
