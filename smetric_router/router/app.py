@@ -23,6 +23,7 @@ from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.errors import RouterError, bad_request, no_worker
+from smetric_router.router.http_guards import add_catch_all, expect_continue, quiet_client_faults
 from smetric_router.router.kv import KvFeeds
 from smetric_router.router.metrics import L3Sample, RouterMetrics, WorkerSample
 from smetric_router.router.pd import PdProxy
@@ -523,19 +524,25 @@ def build_app(state: RouterState) -> web.Application:
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
+    # every route gets the Expect handler that cannot fail (http_guards)
+    guard = expect_continue
     for endpoint in Endpoint:
-        app.router.add_post(endpoint.value, generation_handler(endpoint))
-    app.router.add_put(Endpoint.GENERATE.value, generation_handler(Endpoint.GENERATE))
-    app.router.add_get("/v1/models", handle_models)
-    app.router.add_get("/health", handle_health)
-    app.router.add_get("/liveness", handle_health)
-    app.router.add_get("/readiness", handle_readiness)
-    app.router.add_get("/metrics", handle_metrics)
-    app.router.add_get("/workers", handle_list_workers)
-    app.router.add_post("/workers", handle_add_worker)
-    app.router.add_delete("/workers", handle_remove_worker)
-    app.router.add_route("*", "/flush_cache", handle_flush_cache)
-    app.router.add_post("/smetric/prefix_match", handle_prefix_match)
+        app.router.add_post(endpoint.value, generation_handler(endpoint), expect_handler=guard)
+    app.router.add_put(
+        Endpoint.GENERATE.value, generation_handler(Endpoint.GENERATE), expect_handler=guard
+    )
+    app.router.add_get("/v1/models", handle_models, expect_handler=guard)
+    app.router.add_get("/health", handle_health, expect_handler=guard)
+    app.router.add_get("/liveness", handle_health, expect_handler=guard)
+    app.router.add_get("/readiness", handle_readiness, expect_handler=guard)
+    app.router.add_get("/metrics", handle_metrics, expect_handler=guard)
+    app.router.add_get("/workers", handle_list_workers, expect_handler=guard)
+    app.router.add_post("/workers", handle_add_worker, expect_handler=guard)
+    app.router.add_delete("/workers", handle_remove_worker, expect_handler=guard)
+    app.router.add_route("*", "/flush_cache", handle_flush_cache, expect_handler=guard)
+    app.router.add_post("/smetric/prefix_match", handle_prefix_match, expect_handler=guard)
+    add_catch_all(app)
+    quiet_client_faults()
     return app
 
 
@@ -543,5 +550,6 @@ def metrics_app(state: RouterState) -> web.Application:
     """The --prometheus-port server: /metrics only."""
     app = web.Application()
     app[STATE] = state
-    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/metrics", handle_metrics, expect_handler=expect_continue)
+    add_catch_all(app)
     return app
