@@ -189,6 +189,10 @@ async def _body(request: web.Request) -> Json:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"JSON decode error: {exc}", validation=True) from exc
+    except web.RequestPayloadError as exc:  # a body that fails its Content-Encoding
+        raise BadRequest(
+            f"JSON decode error: {' '.join(str(exc).split())}", validation=True
+        ) from exc
     if not isinstance(body, dict):
         raise BadRequest("Input should be a valid dictionary", validation=True)
     return body

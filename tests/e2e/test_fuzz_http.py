@@ -769,6 +769,17 @@ def test_a_body_that_fails_its_content_encoding_gets_400(stack: Stack) -> None:
     assert a.status == 400 and json.loads(a.body)["error"]["type"] == "invalid_request_error"
 
 
+def test_an_emulated_worker_answers_400_to_a_body_that_fails_its_content_encoding(
+    stack: Stack,
+) -> None:
+    # as the router does: it answered 500 (RequestPayloadError in its handler)
+    port = stack.workers[0].ports["http"]
+    hs = (*JSON, ("Content-Encoding", b"gzip"))
+    for path in ("/v1/chat/completions", "/generate"):
+        a = Client(stack.host, port).send(Request("POST", path, hs, _dumps(HELLO)))
+        assert a.status == 400, (path, a)
+
+
 def test_a_gzip_compressed_body_is_served(stack: Stack) -> None:
     # aiohttp decompresses it; the worker must not get Content-Encoding: gzip with plain bytes
     hs = (*JSON, ("Content-Encoding", b"gzip"))
