@@ -421,6 +421,8 @@ async def handle_prefix_match(request: web.Request) -> web.Response:
                 l3.append(await state.router.l3_lookup(f, model))
     except RouterError as e:
         return e.response()
+    except FeatureError as e:  # ids a /generate would be refused for (empty, out of range)
+        return bad_request(str(e), param="input_ids").response()
     out: dict[str, Any] = {"page_size": page_size, "results": results}
     if state.l3 is not None:
         out["l3"] = l3  # per prompt: leading tokens in the global tier, null = unknown

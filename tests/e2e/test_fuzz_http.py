@@ -797,3 +797,10 @@ def test_malformed_http_is_answered_400_without_a_traceback_in_the_log(stack: St
         assert _send(stack, "GET", "/health", hs).status == 400
     _get(stack.host, stack.port, "/health")  # a request after them: their records are written
     assert "Traceback" not in stack.router.log_text()[before:]
+
+
+def test_prefix_match_of_ids_the_features_refuse_gets_400(stack: Stack) -> None:
+    # FeatureError escaped the handler: 500 with a traceback
+    for ids in ([], [[]], [2**40]):
+        a = _send(stack, "POST", "/smetric/prefix_match", body=_dumps({"input_ids": ids}))
+        assert a.status == 400, (ids, a)
