@@ -1,10 +1,24 @@
 """Which page hashes each worker holds, per tier, answering longest-prefix matches for all workers.
 
 Two views are indexed: GPU (the device tier alone) and local (GPU or CPU_PINNED host tier).
-Each view maps a page hash to a bitmask of the workers holding it, and is kept prefix-closed per
-worker by construction (see NOTES.md): a store is accepted only when its parent page is held in
-the same view, and removing a page that still has held children drops the orphaned subtree.
-A prefix-closed view lets `match` binary-search the prefix length for all workers at once.
+Each view maps a page hash to a bitmask of the workers holding it.
+
+The invariant matching relies on (see NOTES.md): SGLang's page hash covers every token before the
+page, and its radix cache is prefix-closed per view (it evicts leaves first and stores parents
+first), so a worker holding page k of a prompt holds pages 1..k. Two regimes follow:
+
+- complete history (the feed saw the worker's events from its seq 0, or from an AllBlocksCleared):
+  every parent was announced, so the index is kept prefix-closed by construction: a store is
+  accepted only when its parent page is held in the same view (else `rejected`), and removing a
+  page that still has held children drops the orphaned subtree. `match` binary-searches the
+  leading run for all workers at once;
+- partial history (`set_partial`: the feed joined, or re-joined after lost events, while the
+  worker already held pages it will never announce again, since SGLang never re-announces a
+  parent it already announced): a store whose parent is unknown is accepted as an *orphan root*.
+  Its chain from the root is unknown, so a walk from the root cannot reach it; for such a worker
+  `match` answers the deepest page of the prompt the worker holds (held page k implies 1..k,
+  above), scanning the prompt's pages from the end. Pages stored before the feed joined and
+  never re-stored stay unknown: under-reporting, never stale.
 """
 
 from __future__ import annotations
@@ -49,12 +63,14 @@ class WorkerIndexStats:
     host_pages: int
     rejected_stores: int
     repairs: int
+    orphan_roots: int = 0  # pages stored under a parent announced before the feed joined
 
 
 class _WorkerState:
     """One worker's pages: tiers held, parent links and held-children counts per view."""
 
-    __slots__ = ("bit", "kids_gpu", "kids_local", "parent", "rejected", "repairs", "tiers")
+    __slots__ = ("bit", "kids_gpu", "kids_local", "orphans", "parent", "partial", "rejected",
+                 "repairs", "tiers")  # fmt: skip
 
     def __init__(self, bit: int) -> None:
         self.bit = bit
@@ -64,6 +80,8 @@ class _WorkerState:
         self.kids_local: dict[int, int] = {}
         self.rejected = 0  # stores whose parent was not held (under-reporting, never stale)
         self.repairs = 0  # removals that orphaned held children
+        self.partial = False  # history incomplete: stores under unknown parents are accepted
+        self.orphans: set[int] = set()  # pages accepted without a held parent (partial only)
 
 
 def _dec(counts: dict[int, int], key: int) -> None:
@@ -80,6 +98,7 @@ class KvIndex:
         self._gpu: dict[int, int] = {}
         self._local: dict[int, int] = {}
         self._free_bits: list[int] = []
+        self._orphan_bits = 0  # workers holding orphan roots: matched by deepest page
         self._next_bit = 0
         # L3 is one store shared by all workers: a page any worker wrote there is held for all.
         self._l3: set[int] = set()
@@ -108,6 +127,12 @@ class KvIndex:
     def workers(self) -> list[str]:
         return list(self._workers)
 
+    def set_partial(self, worker: str, partial: bool) -> None:
+        """Whether the worker's events are followed from an incomplete history (see the module
+        docstring). An AllBlocksCleared makes it complete again: the cache is empty then."""
+        self.add_worker(worker)
+        self._workers[worker].partial = partial
+
     def clear(self, worker: str) -> None:
         st = self._workers.get(worker)
         if st is not None:
@@ -124,6 +149,8 @@ class KvIndex:
         st.parent.clear()
         st.kids_gpu.clear()
         st.kids_local.clear()
+        st.orphans.clear()
+        self._orphan_bits &= ~st.bit
 
     # -- events -----------------------------------------------------------------------------
 
@@ -155,6 +182,7 @@ class KvIndex:
                     self._repair(st)
             elif isinstance(ev, AllBlocksCleared):
                 self.clear(worker)
+                st.partial = False
         if evicted and self.on_evicted is not None:
             self.on_evicted(worker)
 
@@ -172,11 +200,17 @@ class KvIndex:
         old = st.tiers.get(h, 0)
         if old & tier:
             return
+        orphan = False
         if parent is not None:
             pt = st.tiers.get(parent, 0)
             if not (pt & _GPU if tier == _GPU else pt):
-                st.rejected += 1
-                return
+                if not st.partial:
+                    st.rejected += 1
+                    return
+                orphan = True
+        if orphan and h not in st.orphans:
+            st.orphans.add(h)
+            self._orphan_bits |= st.bit
         if not old:
             st.parent[h] = parent
             self._local[h] = self._local.get(h, 0) | st.bit
@@ -207,6 +241,10 @@ class KvIndex:
             orphans = orphans or h in st.kids_local
             del st.tiers[h]
             del st.parent[h]
+            if h in st.orphans:
+                st.orphans.discard(h)
+                if not st.orphans:
+                    self._orphan_bits &= ~st.bit
             self._unset(self._local, h, st.bit)
             if parent is not None:
                 _dec(st.kids_local, parent)
@@ -233,14 +271,22 @@ class KvIndex:
             while cur is not None and cur not in kept and cur in st.tiers:
                 path.append(cur)
                 cur = st.parent[cur]
-            # what the parent of path[-1] provides: everything for a root, nothing if not held
-            above = (_GPU | _HOST) if cur is None else kept.get(cur, 0)
+            # what the parent of path[-1] provides: everything for a root (or an orphan root,
+            # whose parent was never announced), nothing if not held
+            if cur is None or (cur not in st.tiers and path[-1] in st.orphans):
+                above = _GPU | _HOST
+            else:
+                above = kept.get(cur, 0)
             for node in reversed(path):
                 t = st.tiers[node]
                 keep = (t & _HOST) | (t & _GPU if above & _GPU else 0) if above else 0
                 kept[node] = above = keep
         pages = [(h, st.parent[h], t) for h, t in kept.items() if t]
+        orphans = {h for h, _, _ in pages if h in st.orphans}
         self._clear_state(st)
+        st.orphans = orphans
+        if orphans:
+            self._orphan_bits |= st.bit
         for h, parent, t in pages:
             st.tiers[h] = t
             st.parent[h] = parent
@@ -267,6 +313,11 @@ class KvIndex:
         prefix of `page_hashes`."""
         gpu = _prefix_lengths(self._gpu, page_hashes)
         local = _prefix_lengths(self._local, page_hashes)
+        if self._orphan_bits:
+            for lengths, masks in ((gpu, self._gpu), (local, self._local)):
+                for bit in _bits(self._orphan_bits):
+                    lengths.pop(bit, None)
+                lengths.update(_deepest(masks, page_hashes, self._orphan_bits))
         out: dict[str, tuple[int, int]] = {}
         for w, st in self._workers.items():
             out[w] = (gpu.get(st.bit, 0) * page_size, local.get(st.bit, 0) * page_size)
@@ -287,7 +338,7 @@ class KvIndex:
             return WorkerIndexStats(0, 0, 0, 0)
         g = sum(1 for t in st.tiers.values() if t & _GPU)
         h = sum(1 for t in st.tiers.values() if t & _HOST)
-        return WorkerIndexStats(g, h, st.rejected, st.repairs)
+        return WorkerIndexStats(g, h, st.rejected, st.repairs, len(st.orphans))
 
 
 def _prefix_lengths(masks: dict[int, int], hashes: Sequence[int]) -> dict[int, int]:
@@ -319,6 +370,30 @@ def _prefix_lengths(masks: dict[int, int], hashes: Sequence[int]) -> dict[int, i
         below = cand & ~above
         if below:
             stack.append((lo, mid - 1, below))
+    return out
+
+
+def _deepest(masks: dict[int, int], hashes: Sequence[int], bits: int) -> dict[int, int]:
+    """Per worker bit in `bits`: 1 + the index of the last page of `hashes` it holds (held page k
+    implies pages 1..k, see the module docstring). O(pages) lookups at worst."""
+    out: dict[int, int] = {}
+    get = masks.get
+    for k in range(len(hashes) - 1, -1, -1):
+        found = get(hashes[k], 0) & bits
+        if found:
+            _assign(out, found, k + 1)
+            bits &= ~found
+            if not bits:
+                break
+    return out
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low)
+        mask ^= low
     return out
 
 

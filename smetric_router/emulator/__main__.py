@@ -61,6 +61,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="served model name")
     p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="as SGLang's --api-key: every endpoint but /health*, /ready* and /metrics* then "
+        "needs 'Authorization: Bearer KEY' (401 otherwise)",
+    )
+    p.add_argument(
         "--tokenizer-path",
         default=None,
         help="HF tokenizer (or model) directory, read offline; unset = the bundled one",
@@ -215,6 +222,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         transfer_gbps=args.transfer_gbps,
         decode_kv_timeout_s=args.decode_kv_timeout_secs,
         global_tier=args.global_tier,
+        api_key=args.api_key,
         mooncake=TierOptions(
             payload_bytes=args.mooncake_payload_bytes,
             query_timeout_s=args.mooncake_query_timeout_secs,

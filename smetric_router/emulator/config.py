@@ -46,6 +46,7 @@ class EmulatorConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     global_tier: GlobalTierKind = "none"  # mooncake: L3 in a real store (MOONCAKE_* environment)
     mooncake: TierOptions = field(default_factory=TierOptions)
+    api_key: str | None = field(default=None, repr=False)  # SGLang's --api-key
 
     def kv_events(self) -> KvEventsConfig | None:
         """The publisher's settings: --kv-events-config as SGLang reads it, else --kv-events-port

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import hmac
 import logging
 import math
 import time
@@ -19,6 +20,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client.exposition import choose_encoder
 
 from smetric_router.core.kv_events import KVCacheEvent
@@ -279,6 +281,25 @@ def _finish_reason(t: Tracked, answer: Answer) -> Json | None:
 def _openai_finish(t: Tracked, answer: Answer) -> str | None:
     reason = _finish_reason(t, answer)
     return None if reason is None else str(reason["type"])
+
+
+def _api_key_middleware(key: str) -> Middleware:
+    """SGLang 0.5.23's --api-key check (srt/utils/auth.py): probes and metrics stay open."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method != "OPTIONS" and not request.path.startswith(_OPEN_PREFIXES):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.encode(errors="surrogateescape"), key.encode()
+            ):
+                return json_response({"error": "Unauthorized"}, 401)
+        return await handler(request)
+
+    return check
+
+
+_OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 
 
 # --- fault injection ----------------------------------------------------------------------------
@@ -853,8 +874,9 @@ def make_app(
     codec: WorkerTokenizer,
     tier: MooncakeTier | None = None,
 ) -> web.Application:
+    auth = [_api_key_middleware(config.api_key)] if config.api_key is not None else []
     app = web.Application(
-        middlewares=[fastapi_errors, _fault_middleware], client_max_size=64 * 1024**2
+        middlewares=[*auth, fastapi_errors, _fault_middleware], client_max_size=64 * 1024**2
     )
     em = Emulator(config, engine, codec, tier)
     app[EMULATOR] = em

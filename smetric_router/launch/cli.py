@@ -20,7 +20,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m smetric_router.launch",
         description="Start SGLang workers and the SMetric router from one cluster spec, wait until "
-        "ready, print the URL, and stop everything on Ctrl-C/SIGTERM. Without --config: 4 "
+        "ready, print the URL, and stop everything on Ctrl-C/SIGTERM. A process that dies "
+        "meanwhile (worker, router or Mooncake master) is restarted with the same command "
+        "line and ports, after a backoff that grows while it keeps dying (0.5 s doubling to "
+        "30 s); each exit and restart is logged. Without --config: 4 "
         "emulated SGLang workers (a test and benchmark tool whose timing comes from a model of "
         "an H20 GPU, not from running a model). launch/sglang-cpu.yaml starts real SGLang "
         "workers on CPU (needs `make sglang`), launch/sglang-cpu-pd.yaml a real prefill and "
@@ -117,12 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             f"  try: curl {stack.url}/v1/models    Ctrl-C stops everything",
             flush=True,
         )
+        # A child that dies is restarted (stack.supervise); only a signal ends the stack.
         while not stopping:
-            dead = stack.dead_child()
-            if dead is not None and dead.proc is not None:
-                log.error("%s exited with code %s; stopping the stack", dead.name,
-                          dead.proc.returncode)  # fmt: skip
-                return 1
+            stack.supervise()
             time.sleep(0.2)
         return 0
     except RuntimeError as e:

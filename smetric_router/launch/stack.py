@@ -8,6 +8,10 @@ for its own.
 Ports given as 0 (the router's `port: 0`, emulated workers without `base_port`) are bound by the
 processes themselves, which report them through `--port-file`: no port is chosen here and then
 lost to another process before the child binds it.
+
+Once started, supervise() restarts a local child that died: the same command line on the same
+ports (those it reported pinned in place of 0), after a backoff that doubles while it keeps
+dying soon after its start, up to a cap; a child that keeps failing is retried at the cap forever.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from smetric_router.core.port_file import read_port_file
@@ -42,6 +46,21 @@ log = logging.getLogger("smetric_router.launch")
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+# Restarts: the first after RESTART_BASE_S, doubling while the child dies within STABLE_S of its
+# start, at most RESTART_CAP_S; one that ran STABLE_S or longer starts a new streak.
+RESTART_BASE_S = 0.5
+RESTART_CAP_S = 30.0
+STABLE_S = 10.0
+FAILING_AFTER = 5  # quick deaths in a row after which the child is reported as failing
+READY_POLL_S = 1.0  # how often a restarted child's readiness is checked (for the log)
+# The flags a port reported under each name is given with, to pin it on a restart.
+PORT_FLAGS = {
+    "http": "--port",
+    "kv_events": "--kv-events-port",
+    "kv_events_replay": "--kv-events-replay-port",
+    "bootstrap": "--disaggregation-bootstrap-port",
+    "prometheus": "--prometheus-port",
+}
 MASTER = "mooncake-master"
 _ROLE = {"null": "colocated", "prefill": "prefill", "decode": "decode"}
 
@@ -74,6 +93,29 @@ def router_args(spec: ClusterSpec, workers: list[WorkerLaunch]) -> list[str]:
     return args + list(r.extra_args)
 
 
+def restart_delay(
+    quick_deaths: int, base: float = RESTART_BASE_S, cap: float = RESTART_CAP_S
+) -> float:
+    """Seconds to wait before restarting a child that has died `quick_deaths` (>= 1) times in a
+    row soon after its start: base, then doubling, at most cap."""
+    return min(cap, base * 2.0 ** min(max(quick_deaths, 1) - 1, 62))
+
+
+def pin_ports(argv: list[str], ports: dict[str, int]) -> list[str]:
+    """argv with each reported port given to its flag (PORT_FLAGS) instead of the 0 it had."""
+    flags = {PORT_FLAGS[name]: str(port) for name, port in ports.items() if name in PORT_FLAGS}
+    out = list(argv)
+    for i, arg in enumerate(out):
+        name, eq, _ = arg.partition("=")
+        if name not in flags:
+            continue
+        if eq:
+            out[i] = f"{name}={flags[name]}"
+        elif i + 1 < len(out):
+            out[i + 1] = flags[name]
+    return out
+
+
 @dataclass
 class Child:
     name: str
@@ -81,6 +123,14 @@ class Child:
     ready_url: str
     ready_timeout_s: float = READY_TIMEOUT_S
     port_file: Path | None = None  # where it reports the ports it bound (given as 0)
+    argv: list[str] = field(default_factory=list)  # how it was started, to restart it
+    env: dict[str, str] | None = None
+    started_at: float = 0.0  # time.monotonic() of its latest start
+    quick_deaths: int = 0  # deaths in a row within STABLE_S of a start
+    restarts: int = 0
+    restart_at: float | None = None  # set while it is dead and waiting for its restart
+    waiting_ready: bool = False  # restarted, not yet seen ready
+    next_ready_poll: float = 0.0
 
 
 class Stack:
@@ -120,11 +170,15 @@ class Stack:
             port_file = self._port_dir / f"{name}.json"
             argv = [*argv, "--port-file", str(port_file)]
         log.info("starting %s: %s", name, " ".join(argv))
-        full_env = {**os.environ, **env} if env else None
-        proc = subprocess.Popen(argv, start_new_session=True, env=full_env)
-        child = Child(name, proc, ready_url, ready_timeout_s, port_file)
+        child = Child(name, None, ready_url, ready_timeout_s, port_file, argv, env)
+        self._popen(child)
         self.children.append(child)
         return child
+
+    def _popen(self, child: Child) -> None:
+        full_env = {**os.environ, **child.env} if child.env else None
+        child.proc = subprocess.Popen(child.argv, start_new_session=True, env=full_env)
+        child.started_at = time.monotonic()
 
     def start(self) -> None:
         r = self.spec.router
@@ -188,6 +242,8 @@ class Stack:
             if time.monotonic() - start > child.ready_timeout_s:
                 raise RuntimeError(f"not ready in time: {child.name} reported no ports")
             time.sleep(0.05)
+        # a restart binds these again instead of new ones: the router and clients keep its URL
+        child.argv = pin_ports(child.argv, ports)
         return ports
 
     def _wait_ready(self, children: list[Child]) -> None:
@@ -213,10 +269,63 @@ class Stack:
             if pending:
                 time.sleep(0.2)
 
-    def dead_child(self) -> Child | None:
-        return next(
-            (c for c in self.children if c.proc is not None and c.proc.poll() is not None), None
-        )
+    def supervise(self) -> None:
+        """Restart the local children that died, each after its backoff; call it often."""
+        now = time.monotonic()
+        for c in self.children:
+            if c.proc is None:
+                continue
+            if c.proc.poll() is None:
+                if c.waiting_ready and now >= c.next_ready_poll:
+                    self._check_back(c, now)
+                continue
+            if c.restart_at is None:
+                self._schedule_restart(c, now)
+            elif now >= c.restart_at:
+                self._restart(c)
+
+    def _schedule_restart(self, c: Child, now: float) -> None:
+        assert c.proc is not None
+        uptime = now - c.started_at
+        c.quick_deaths = c.quick_deaths + 1 if uptime < STABLE_S else 1
+        delay = restart_delay(c.quick_deaths)
+        c.restart_at = now + delay
+        c.waiting_ready = False
+        log.error("%s (pid %d) exited with code %s after %.1f s; restarting it in %.1f s",
+                  c.name, c.proc.pid, c.proc.returncode, uptime, delay)  # fmt: skip
+        if c.quick_deaths >= FAILING_AFTER:
+            log.error("%s keeps failing: %d exits in a row within %.0f s of starting; retrying "
+                      "every %.0f s until it stays up (or Ctrl-C)", c.name, c.quick_deaths,
+                      STABLE_S, RESTART_CAP_S)  # fmt: skip
+
+    def _restart(self, c: Child) -> None:
+        assert c.proc is not None
+        # what is left of its process group (SGLang's scheduler and detokenizer) goes first:
+        # it may hold the ports or the GPU
+        _killpg(c.proc.pid, signal.SIGKILL)
+        c.restarts += 1
+        c.restart_at = None
+        try:
+            self._popen(c)
+        except OSError as e:  # the next supervise() schedules another try
+            log.error("%s could not be restarted: %s", c.name, e)
+            c.started_at = time.monotonic()
+            return
+        c.waiting_ready, c.next_ready_poll = True, time.monotonic() + READY_POLL_S / 4
+        log.warning("restarted %s (restart %d, pid %d): %s", c.name, c.restarts, c.proc.pid,
+                    " ".join(c.argv))  # fmt: skip
+
+    def _check_back(self, c: Child, now: float) -> None:
+        c.next_ready_poll = now + READY_POLL_S
+        try:
+            with urllib.request.urlopen(c.ready_url, timeout=0.5) as resp:
+                ready = resp.status == 200
+        except (urllib.error.URLError, OSError):
+            ready = False
+        if ready:
+            c.waiting_ready = False
+            log.warning("%s is back: ready %.1f s after its restart", c.name,
+                        time.monotonic() - c.started_at)  # fmt: skip
 
     def stop(self) -> None:
         local = [c for c in self.children if c.proc is not None]

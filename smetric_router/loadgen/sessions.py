@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import sys
 from collections import Counter
@@ -165,7 +166,8 @@ async def run_sessions(
     (they only count the history_tokens of the report)."""
     chat = load_chat_tokenizer(tokenizer_path, chat_template)
     features = FeatureExtractor(chat, page_size=page_size, keep_text=False)
-    async with AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) as client:
+    key = os.environ.get("SMETRIC_API_KEY", "none")  # a router started with --api-key
+    async with AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0) as client:
         if model is None:
             models = (await client.models.list()).data
             if not models:

@@ -21,14 +21,17 @@ from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
+from smetric_router.router.auth import auth_middleware
 from smetric_router.router.config import RouterConfig
+from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
 from smetric_router.router.errors import RouterError, bad_request, no_worker
 from smetric_router.router.http_guards import add_catch_all, expect_continue, quiet_client_faults
 from smetric_router.router.kv import KvFeeds
-from smetric_router.router.metrics import L3Sample, RouterMetrics, WorkerSample
+from smetric_router.router.limits import upstream_connection_limit
+from smetric_router.router.metrics import STREAM_ERROR, L3Sample, RouterMetrics, WorkerSample
 from smetric_router.router.pd import PdProxy
 from smetric_router.router.probe import Prober
-from smetric_router.router.proxy import Proxy
+from smetric_router.router.proxy import STREAM_CUT, Proxy
 from smetric_router.router.routing import (
     DEFAULT_PAGE_SIZE,
     Endpoint,
@@ -38,7 +41,7 @@ from smetric_router.router.routing import (
     TextTree,
 )
 from smetric_router.router.upstream import Upstream
-from smetric_router.router.workers import Role, WorkerRegistry, WorkerSpec
+from smetric_router.router.workers import Role, WorkerRegistry, WorkerSpec, normalize_url
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ class RouterState:
             # Evictions in a worker's KV events outvote the grace of its ended requests.
             hits.on_evicted = self.inflight.forget_ended
         self.started = int(time.time())
+        self.drain = Drain()  # graceful shutdown (router/drain.py)
         self._session: aiohttp.ClientSession | None = None
         self._registry: WorkerRegistry | None = None
         self._router: Router | None = None
@@ -120,6 +124,7 @@ class RouterState:
             load_interval=c.load_poll_interval_secs,
             on_added=self._worker_added,
             on_removed=self._worker_removed,
+            headers=c.worker_headers(),
         )
         timeout = aiohttp.ClientTimeout(
             total=c.request_timeout_secs, sock_connect=min(10.0, c.request_timeout_secs)
@@ -138,14 +143,17 @@ class RouterState:
             self.hits,
             self.text_tree,
             role=role,
-            prober=Prober(self._session, c.probe_timeout_secs, self.metrics)
+            prober=Prober(self._session, c.probe_timeout_secs, self.metrics, c.worker_headers())
             if c.cache_view == "probe"
             else None,
             l3=self.l3,
             l3_key_prefix=c.l3_key_prefix,
             inflight=self.inflight,
         )
-        self._upstream = Upstream(connect_timeout=timeout.sock_connect or c.request_timeout_secs)
+        self._upstream = Upstream(
+            connect_timeout=timeout.sock_connect or c.request_timeout_secs,
+            max_connections=upstream_connection_limit(c.max_upstream_connections),
+        )
         self._proxy = Proxy(
             upstream=self._upstream,
             router=self._router,
@@ -153,6 +161,9 @@ class RouterState:
             metrics=self.metrics,
             max_retries=c.max_retries,
             timeout=c.request_timeout_secs,
+            first_byte_timeout=c.first_byte_timeout_secs,
+            stream_idle_timeout=c.stream_idle_timeout_secs,
+            retry_on_reset=c.retry_on_reset,
         )
         if c.pd_disaggregation:
             decode_policy = make_policy(c.decode_policy, c.policy_params)
@@ -167,6 +178,10 @@ class RouterState:
                 max_retries=c.max_retries,
                 timeout=timeout,
                 handover_timeout=c.pd_handover_timeout_secs,
+                slots=self._upstream,
+                first_byte_timeout=c.first_byte_timeout_secs,
+                stream_idle_timeout=c.stream_idle_timeout_secs,
+                retry_on_reset=c.retry_on_reset,
             )
         try:
             if self.l3 is not None:
@@ -244,6 +259,7 @@ class RouterState:
                     kv_resets=kv.resets if kv else 0,
                     kv_gaps_recovered=kv.gaps_recovered if kv else 0,
                     kv_decode_errors=kv.decode_errors if kv else 0,
+                    kv_stalls=kv.stalls if kv else 0,
                     inflight_pages=self.inflight.pages(w.url)
                     if self.inflight is not None and w.role is not Role.DECODE
                     else None,
@@ -278,20 +294,26 @@ def _too_large(limit: int) -> RouterError:
     return RouterError(413, f"The request body exceeds {limit} bytes.", code="request_too_large")
 
 
-def _check_model(body: dict[str, Any], served: frozenset[str]) -> str | None:
+def _check_model(body: dict[str, Any], registry: WorkerRegistry) -> str | None:
+    """The model to route by, None = any worker. Like SGLang, a cluster serving one model (a
+    name, with its aliases, every worker serves) takes any name, as clients often send "default";
+    with several models the name picks the workers, and an unknown one is a 404."""
     model = body.get("model")
     if model is None:
         return None
     if not isinstance(model, str):
         raise bad_request("'model' must be a string.", param="model")
-    if served and model not in served:
-        raise RouterError(
-            404,
-            f"The model `{model}` does not exist or you do not have access to it.",
-            param="model",
-            code="model_not_found",
-        )
-    return model if served else None
+    names = [w.models for w in registry.workers.values() if w.models]
+    if not names or model in frozenset().union(*names):
+        return model if names else None
+    if frozenset.intersection(*names):
+        return None  # one model: whatever it is called here
+    raise RouterError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
@@ -300,11 +322,23 @@ def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
     async def handle(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
         started = time.perf_counter()
-        status = 499  # stays so only when the client went away before an answer
+        status: int | str = 499  # stays so only when the client went away before an answer
         try:
-            resp = await _generate(state, request, endpoint, started)
-            status = resp.status
+            if state.drain.draining:
+                raise _shutting_down("The router is shutting down: send the request again.")
+            with state.drain.track(asyncio.current_task()):
+                resp = await _generate(state, request, endpoint, started)
+            status = STREAM_ERROR if request.get(STREAM_CUT) else resp.status
             return resp
+        except asyncio.CancelledError:
+            # the client went away, or the grace ran out while a stream was being written to a
+            # slow client (copy_stream ends those it catches waiting for the worker): cut it
+            if not take_ended() or request.writer.output_size:
+                raise
+            # The shutdown grace ran out before the worker answered.
+            e = _shutting_down("The router shut down before the worker answered.")
+            status = e.status
+            return e.response()
         except RouterError as e:
             status = e.status
             return e.response()
@@ -320,11 +354,16 @@ def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
     return handle
 
 
+def _shutting_down(message: str) -> RouterError:
+    return RouterError(503, message, type_="server_error", code=SHUTDOWN_CODE,
+                       headers={"Connection": "close"})  # fmt: skip
+
+
 async def _generate(
     state: RouterState, request: web.Request, endpoint: Endpoint, started: float
 ) -> web.StreamResponse:
     raw, body = await read_json_object(request, state.config.max_body_bytes)
-    model = _check_model(body, state.registry.models())
+    model = _check_model(body, state.registry)
     router = state.router
     try:
         features = router.extract(endpoint, body, request.headers)
@@ -344,7 +383,8 @@ async def _generate(
     label = endpoint.value
     if state.pd is not None:
         return await state.pd.dispatch(request, endpoint.value, body, pair, started, label)
-    return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, label)
+    stream = body.get("stream") is True
+    return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, label, stream)
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -364,6 +404,9 @@ async def handle_health(request: web.Request) -> web.Response:
 async def handle_readiness(request: web.Request) -> web.Response:
     state = request.app[STATE]
     workers = state.registry.healthy()
+    if state.drain.draining:  # a balancer takes this replica out while it drains
+        body = {"status": "draining", "healthy_workers": len(workers)}
+        return web.json_response(body, status=503, dumps=_dumps)
     # Under PD a request needs both sides.
     needed = [Role.PREFILL, Role.DECODE] if state.pd is not None else [Role.WORKER]
     ready = all(any(w.role is r for w in workers) for r in needed)
@@ -389,6 +432,11 @@ async def handle_list_workers(request: web.Request) -> web.Response:
                 continue
             st = state.hits.stats(w["url"])
             w["kv_pages"] = {"gpu": st.gpu_pages, "host": st.host_pages}
+            # The feed behind those pages (issue 12): is it up, and has it been failing?
+            feed = state.kv_feeds.stats(w["url"]) if state.kv_feeds is not None else None
+            if feed is not None:
+                w["kv_feed"] = {"connected": feed.connected, "stalls": feed.stalls,
+                                "reconnects": feed.reconnects, "refused": feed.refused}  # fmt: skip
     return web.json_response({"workers": workers}, dumps=_dumps)
 
 
@@ -410,7 +458,7 @@ async def handle_prefix_match(request: web.Request) -> web.Response:
             raise bad_request("'input_ids' must be a list of token ids, or a list of such lists.",
                               param="input_ids")  # fmt: skip
         page_size = state.registry.page_size or DEFAULT_PAGE_SIZE
-        model = _check_model(body, state.registry.models())
+        model = _check_model(body, state.registry)
         results, l3 = [], []
         for prompt in prompts:
             # the same features a /generate of these ids gets (digests too, with --l3-view master)
@@ -474,11 +522,15 @@ async def handle_remove_worker(request: web.Request) -> web.Response:
             url = body.get("url") if isinstance(body.get("url"), str) else None
         if url is None:
             raise bad_request('give the worker as ?url= or a JSON body {"url": ...}', "url")
+        try:
+            url = normalize_url(url)
+        except ValueError as e:
+            raise bad_request(str(e), param="url") from None
         if await state.registry.remove(url) is None:
             raise RouterError(404, f"worker {url} is not registered", param="url")
     except RouterError as e:
         return e.response()
-    return web.json_response({"removed": url.rstrip("/")}, dumps=_dumps)
+    return web.json_response({"removed": url}, dumps=_dumps)
 
 
 async def handle_flush_cache(request: web.Request) -> web.Response:
@@ -489,7 +541,10 @@ async def handle_flush_cache(request: web.Request) -> web.Response:
     async def flush(url: str) -> tuple[int, str]:
         try:
             async with state.session.post(
-                url + "/flush_cache", params=request.query, timeout=timeout
+                url + "/flush_cache",
+                params=request.query,
+                timeout=timeout,
+                headers=state.config.worker_headers(),
             ) as resp:
                 return resp.status, (await resp.read()).decode(errors="replace")
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
@@ -515,7 +570,10 @@ def _dumps(obj: Any) -> str:
 
 
 def build_app(state: RouterState) -> web.Application:
-    app = web.Application(client_max_size=state.config.max_body_bytes)
+    app = web.Application(
+        client_max_size=state.config.max_body_bytes,
+        middlewares=[auth_middleware(state.config.auth())],
+    )
     app[STATE] = state
 
     async def on_startup(_: web.Application) -> None:
@@ -541,7 +599,8 @@ def build_app(state: RouterState) -> web.Application:
     app.router.add_get("/workers", handle_list_workers, expect_handler=guard)
     app.router.add_post("/workers", handle_add_worker, expect_handler=guard)
     app.router.add_delete("/workers", handle_remove_worker, expect_handler=guard)
-    app.router.add_route("*", "/flush_cache", handle_flush_cache, expect_handler=guard)
+    # POST only: a link cannot flush
+    app.router.add_post("/flush_cache", handle_flush_cache, expect_handler=guard)
     app.router.add_post("/smetric/prefix_match", handle_prefix_match, expect_handler=guard)
     add_catch_all(app)
     quiet_client_faults()

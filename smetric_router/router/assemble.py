@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.l3_view import EventsL3, L3Config, MasterL3
-from smetric_router.cluster.subscriber import KvEventHub
+from smetric_router.cluster.subscriber import FeedConfig, KvEventHub
 from smetric_router.cluster.text_tree import TextTree
 from smetric_router.features.chat_tokenizer import load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
@@ -40,11 +40,20 @@ def make_state(config: RouterConfig) -> RouterState:
         )
     elif config.l3_view == "events" and index is not None:
         l3 = EventsL3(index)
+    feeds = None
+    if index is not None and config.kv_events:
+        feeds = KvEventHub(
+            index,
+            config=FeedConfig(
+                trust_endpoints=config.trust_kv_endpoints,
+                http_headers=tuple(config.worker_headers().items()),
+            ),
+        )
     return RouterState(
         config,
         features_for=features_for,
         hits=index,
         text_tree=TextTree() if keep_text else None,
-        kv_feeds=KvEventHub(index) if index is not None and config.kv_events else None,
+        kv_feeds=feeds,
         l3=l3,
     )

@@ -10,17 +10,24 @@ import argparse
 import asyncio
 import ctypes
 import logging
+import os
 import signal
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from smetric_router.cluster.inflight import GRACE_S
 from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.policies import PolicyParams, policy_names
+from smetric_router.router.auth import describe
 from smetric_router.router.config import CACHE_VIEWS, L3_VIEWS, RouterConfig
+from smetric_router.router.limits import raise_open_files_limit
+
+if TYPE_CHECKING:
+    from smetric_router.router.app import RouterState
 
 log = logging.getLogger("smetric_router.router")
 
@@ -246,6 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not subscribe to the workers' KV events (cache hits then stay unknown)",
     )
+    # KV-event feed hardening (issue 12)
+    p.add_argument(
+        "--trust-kv-endpoints",
+        action="store_true",
+        help="subscribe to the KV-event host a worker's /server_info names even when it is not "
+        "the worker's own host; by default such a worker's events are refused (logged, its "
+        "cache view stays empty), so a worker cannot point the router at another machine. "
+        "A wildcard host (*, 0.0.0.0, ::) always means the worker's own host",
+    )
     p.add_argument(
         "--no-inflight-prefixes",
         action="store_true",
@@ -267,6 +283,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=_D.probe_timeout_secs,
         help="probe mode: a worker that has not answered the probe by then counts as hit 0",
+    )
+    life = p.add_argument_group("lifecycle", "how the router stops")
+    life.add_argument(
+        "--shutdown-grace-secs",
+        type=float,
+        default=_D.shutdown_grace_secs,
+        help="on SIGTERM/SIGINT: /readiness answers 503 at once (a balancer drains the replica), "
+        "new requests get 503, open ones get this many seconds to finish; then a stream still "
+        "open is ended with an SSE error event (code router_shutting_down) and a request "
+        "still waiting for its worker gets 503, and the router exits 0. A second signal ends "
+        "the grace at once. Each --processes replica drains the same way",
     )
     l3 = p.add_argument_group(
         "global KV tier (L3)",
@@ -322,7 +349,101 @@ def build_parser() -> argparse.ArgumentParser:
         "as the paper's guard does: less L3 traffic, more load on the workers that evicted "
         "(benchmarks/results/l3_guard.md); needs --l3-view",
     )
+    up = p.add_argument_group(
+        "connections to workers", "bounds, timeouts and retries of the forwarded requests"
+    )
+    up.add_argument(
+        "--max-upstream-connections",
+        type=int,
+        default=_D.max_upstream_connections,
+        metavar="N",
+        help="connections to workers open at once, over all workers (each is a file "
+        "descriptor, as is each client connection); a request finding all in use waits for "
+        "one (within its own timeouts) instead of failing. 0 = half the open-file limit, "
+        "which the router raises to its hard limit at start",
+    )
+    up.add_argument(
+        "--retry-on-reset",
+        action="store_true",
+        help="also retry on another worker a request whose worker dropped the connection "
+        "after the request was sent, before answering. Off by default: the worker may have "
+        "run it, and a request that crashes a worker would crash the next ones too",
+    )
+    up.add_argument(
+        "--first-byte-timeout-secs",
+        type=float,
+        default=_D.first_byte_timeout_secs,
+        help="longest wait from dispatch to the worker's first response byte, "
+        "queueing and prefill included; past it the worker is marked failed and the request "
+        "answered 504 (or ended with an SSE error event). Generous by default: a 100K-token "
+        "agent prompt prefills in seconds on an idle GPU but queues behind other long "
+        "prefills on a busy one. A non-streamed reply's first byte is its whole answer: "
+        "past this bound it is awaited while its worker passes its health checks (a hung "
+        "SGLang fails them), up to --request-timeout-secs",
+    )
+    up.add_argument(
+        "--stream-idle-timeout-secs",
+        type=float,
+        default=_D.stream_idle_timeout_secs,
+        help="streams: longest silence between two chunks once the first came; past it the "
+        "worker is marked failed and the stream ended with an SSE error event. Generous by "
+        "default: SGLang may retract a running request under KV-cache pressure and prefill "
+        "it again, and tool-call parsers hold text back",
+    )
+    _add_auth_flags(p)
     return p
+
+
+# Keys are read from these when the flag is absent: a command line is visible to every local
+# user (ps), the environment is not.
+API_KEY_ENV = "SMETRIC_API_KEY"
+ADMIN_API_KEY_ENV = "SMETRIC_ADMIN_API_KEY"
+WORKER_API_KEY_ENV = "SMETRIC_WORKER_API_KEY"
+
+
+def _add_auth_flags(p: argparse.ArgumentParser) -> None:
+    auth = p.add_argument_group(
+        "authentication",
+        "Clients send keys as 'Authorization: Bearer KEY' (the openai client's api_key). "
+        "/health, /liveness, /readiness and /metrics stay open, for probes and Prometheus. "
+        "Request bodies must be sent as 'Content-Type: application/json' (else 415).",
+    )
+    # SUPPRESS (not the environment's value): --help must never print a key
+    auth.add_argument(
+        "--api-key",
+        default=argparse.SUPPRESS,
+        metavar="KEY",
+        help=f"key the inference endpoints need (generation, /v1/models, GET /workers, "
+        f"/smetric/prefix_match); a request without it gets 401; default: ${API_KEY_ENV} (the "
+        "environment is not visible to other users as a command line is), else none: open",
+    )
+    auth.add_argument(
+        "--admin-api-key",
+        default=argparse.SUPPRESS,
+        metavar="KEY",
+        help=f"key of the admin endpoints (POST/DELETE /workers, POST /flush_cache): 401 "
+        f"without a key, 403 with another; default: ${ADMIN_API_KEY_ENV}; without it, admin "
+        "endpoints take the --api-key, and with no key at all only loopback clients (behind a "
+        "reverse proxy on this host every client is loopback: set a key there)",
+    )
+    auth.add_argument(
+        "--worker-api-key",
+        default=argparse.SUPPRESS,
+        metavar="KEY",
+        help=f"the workers' key (SGLang's --api-key): sent as 'Authorization: Bearer KEY' on "
+        f"forwarded requests and on the router's own calls (health, server_info, loads, flush); "
+        f"default: ${WORKER_API_KEY_ENV}, else none; excludes --forward-authorization",
+    )
+    auth.add_argument(
+        "--forward-authorization",
+        action="store_true",
+        help="pass the client's own Authorization header on to the worker (by default it is "
+        "dropped: it holds the router's key, not the worker's)",
+    )
+
+
+def _key(given: str | None, env: str) -> str | None:
+    return given if given is not None else os.environ.get(env) or None
 
 
 def _prefill_specs(given: list[list[str]]) -> tuple[tuple[str, int | None], ...]:
@@ -375,6 +496,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             max_body_bytes=a.max_body_bytes,
             max_retries=a.max_retries,
             kv_events=not a.no_kv_events,
+            trust_kv_endpoints=a.trust_kv_endpoints,
             inflight_prefixes=not a.no_inflight_prefixes,
             cache_view=a.cache_view,
             probe_timeout_secs=a.probe_timeout_secs,
@@ -393,6 +515,15 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             pd_handover_timeout_secs=a.pd_handover_timeout_secs,
             processes=a.processes,
             reuse_port=a.reuse_port or a.processes > 1,
+            shutdown_grace_secs=a.shutdown_grace_secs,
+            max_upstream_connections=a.max_upstream_connections,
+            retry_on_reset=a.retry_on_reset,
+            first_byte_timeout_secs=a.first_byte_timeout_secs,
+            stream_idle_timeout_secs=a.stream_idle_timeout_secs,
+            api_key=_key(getattr(a, "api_key", None), API_KEY_ENV),
+            admin_api_key=_key(getattr(a, "admin_api_key", None), ADMIN_API_KEY_ENV),
+            worker_api_key=_key(getattr(a, "worker_api_key", None), WORKER_API_KEY_ENV),
+            forward_authorization=a.forward_authorization,
         )
     except ValueError as e:
         parser.error(str(e))
@@ -416,6 +547,23 @@ def replica_argv(argv: Sequence[str], port: int) -> list[str]:
     return [sys.executable, "-m", "smetric_router", *out, "--port", str(port), "--reuse-port"]
 
 
+# After the shutdown grace: how long ended requests get to write their last answer, and how long
+# aiohttp then waits for handlers (its default, 60 s twice, made a shutdown take two minutes).
+END_BOUND_S = 5.0
+
+
+async def drain(state: RouterState, grace: float) -> None:
+    """Stop taking requests, let the open ones finish within `grace`, then end the rest."""
+    d = state.drain
+    d.begin()
+    log.info("shutting down: %d requests open, %.1f s to finish", d.open, grace)
+    if await d.wait_idle(grace):
+        log.info("all requests finished")
+        return
+    log.warning("shutdown grace over: ending %d open requests", d.end_all())
+    await d.wait_idle(END_BOUND_S, can_hurry=False)
+
+
 def _die_with_parent() -> None:
     """A replica goes when the first process goes, even if that one is killed outright."""
     if sys.platform == "linux":
@@ -432,14 +580,26 @@ async def serve(
     from smetric_router.router.assemble import make_state
 
     state = make_state(config)
-    runners = [web.AppRunner(build_app(state), **RUNNER_OPTIONS)]
+    options = {**RUNNER_OPTIONS, "shutdown_timeout": END_BOUND_S}
+    runners = [web.AppRunner(build_app(state), **options)]
     replicas: list[subprocess.Popen[bytes]] = []
     if config.prometheus_port is not None:
-        runners.append(web.AppRunner(metrics_app(state), **RUNNER_OPTIONS))
+        runners.append(web.AppRunner(metrics_app(state), **options))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():  # a second signal: no more grace
+            state.drain.hurry()
+        stop.set()
+        # the replicas drain alongside (they sit in their own process group, so a Ctrl-C
+        # reaches them once, from here)
+        for p in replicas:
+            if p.poll() is None:
+                p.terminate()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         await runners[0].setup()
         await web.TCPSite(
@@ -454,7 +614,11 @@ async def serve(
             ports["prometheus"] = bound_port(runners[1])
         for _ in range(config.processes - 1):
             replicas.append(
-                subprocess.Popen(replica_argv(argv, ports["http"]), preexec_fn=_die_with_parent)
+                subprocess.Popen(
+                    replica_argv(argv, ports["http"]),
+                    preexec_fn=_die_with_parent,
+                    process_group=0,
+                )
             )
         if port_file is not None:
             write_port_file(port_file, ports)
@@ -476,18 +640,24 @@ async def serve(
                 config.policy,
                 len(config.worker_urls),
             )
+        log.info("auth: %s", describe(config.auth()))
         if replicas:
             log.info("%d more router processes on port %d", len(replicas), ports["http"])
         await stop.wait()
-        log.info("shutting down")
+        await drain(state, config.shutdown_grace_secs)
     finally:
         for p in replicas:
-            p.terminate()
+            if p.poll() is None:
+                p.terminate()
+        # they drained alongside this process: a little longer than its own end takes
+        deadline = loop.time() + 2 * END_BOUND_S
+        while any(p.poll() is None for p in replicas) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
         for p in replicas:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
+            if p.poll() is None:
+                log.warning("router process %d did not stop; killing it", p.pid)
                 p.kill()
+            p.wait()
         for r in reversed(runners):
             await r.cleanup()
 
@@ -500,6 +670,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    raise_open_files_limit()  # before any connection: the limit bounds them all
     try:
         try:
             import uvloop

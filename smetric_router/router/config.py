@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from smetric_router.policies import PolicyParams
+from smetric_router.router.auth import AuthPolicy, bearer
 from smetric_router.router.workers import Role, WorkerSpec
 
 CACHE_VIEWS = ("events", "probe")
@@ -33,6 +34,9 @@ class RouterConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     max_retries: int = 2
     kv_events: bool = True  # subscribe to the workers' KV events (off: hits stay 0)
+    # KV-event feed hardening (issue 12): follow a KV-event host a worker's /server_info names
+    # even when it is not the worker's own host (off: such a feed is refused).
+    trust_kv_endpoints: bool = False
     # Where per-worker cache hits come from: "events" (KV-event index) or "probe" (ask each worker's
     # patched SGLang /smetric/prefix_match per request, see patches/).
     cache_view: str = "events"
@@ -59,12 +63,33 @@ class RouterConfig:
     # Replicas of this router on one port (SO_REUSEPORT): each a full, independent router.
     processes: int = 1
     reuse_port: bool = False
+    # On SIGTERM/SIGINT, open requests get this long to finish before they are ended.
+    shutdown_grace_secs: float = 30.0
+    # Upstream hardening (issue 12: items 5, 6, 9). Connections to workers open at once (each a
+    # file descriptor); 0 = half the open-file limit. Past it, requests wait for a free one.
+    max_upstream_connections: int = 0
+    # Retry a request whose worker dropped the connection after it was sent (it may have run).
+    retry_on_reset: bool = False
+    # Dispatch to the worker's first body byte (queue + prefill; a non-streamed request past it
+    # only once its worker also fails health checks), and longest silence between body bytes of
+    # a stream; past either the worker is marked failed and the request ends.
+    first_byte_timeout_secs: float = 600.0
+    stream_idle_timeout_secs: float = 300.0
+    # Authentication (router/auth.py). Keys stay out of repr(): a logged config shows no secret.
+    api_key: str | None = field(default=None, repr=False)
+    admin_api_key: str | None = field(default=None, repr=False)
+    worker_api_key: str | None = field(default=None, repr=False)
+    forward_authorization: bool = False
 
     def __post_init__(self) -> None:
         if self.page_size is not None and self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.processes < 1:
             raise ValueError(f"processes must be >= 1, got {self.processes}")
+        if self.max_upstream_connections < 0:
+            raise ValueError(
+                f"max_upstream_connections must be >= 0, got {self.max_upstream_connections}"
+            )
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.max_body_bytes < 1024:
@@ -76,6 +101,8 @@ class RouterConfig:
             "health_check_timeout_secs",
             "pd_handover_timeout_secs",
             "probe_timeout_secs",
+            "first_byte_timeout_secs",
+            "stream_idle_timeout_secs",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
@@ -92,6 +119,8 @@ class RouterConfig:
             raise ValueError("--l3-view events needs the KV-event index (--cache-view events)")
         if self.l3_budget_secs <= 0 or self.l3_cache_ttl_secs < 0 or self.l3_tp_rank < 0:
             raise ValueError("l3_budget_secs must be > 0, l3_cache_ttl_secs and l3_tp_rank >= 0")
+        if not 0 <= self.shutdown_grace_secs < float("inf"):
+            raise ValueError("shutdown_grace_secs must be >= 0")
         if self.prefill_overload_slack < 0:
             raise ValueError("prefill_overload_slack must be >= 0")
         if self.pd_disaggregation:
@@ -106,6 +135,18 @@ class RouterConfig:
                 )
         elif self.prefill or self.decode_urls or self.prefill_policy is not None:
             raise ValueError("--prefill, --decode and --prefill-policy need --pd-disaggregation")
+        for name in ("api_key", "admin_api_key", "worker_api_key"):
+            key = getattr(self, name)
+            # a key goes into an HTTP header: printable ASCII, no blanks
+            if key is not None and (
+                not key or any(c.isspace() or not c.isprintable() or not c.isascii() for c in key)
+            ):
+                raise ValueError(f"{name} must be non-empty printable ASCII without blanks")
+        if self.worker_api_key is not None and self.forward_authorization:
+            raise ValueError(
+                "--worker-api-key and --forward-authorization exclude each other: the workers get "
+                "either the router's worker key or the client's own Authorization header"
+            )
         self.worker_specs()  # URL and port checks fail here, at start-up
 
     @property
@@ -118,6 +159,15 @@ class RouterConfig:
             + [WorkerSpec(u, Role.PREFILL, port) for u, port in self.prefill]
             + [WorkerSpec(u, Role.DECODE) for u in self.decode_urls]
         )
+
+    def auth(self) -> AuthPolicy:
+        return AuthPolicy(
+            self.api_key, self.admin_api_key, self.worker_api_key, self.forward_authorization
+        )
+
+    def worker_headers(self) -> dict[str, str]:
+        """What the router's own calls to the workers (health, info, loads, flush) carry."""
+        return bearer(self.worker_api_key) if self.worker_api_key is not None else {}
 
     def prefill_params(self) -> PolicyParams:
         """Prefill load counts tokens, so the request-count slack is replaced by a token one."""

@@ -20,8 +20,10 @@ class RouterError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
+        self.close = close  # end the client's connection too (frees its file descriptor)
         self.headers = dict(headers or {})
         self.status = status
         self.message = message
@@ -33,12 +35,15 @@ class RouterError(Exception):
         return error_body(self.message, type_=self.type, param=self.param, code=self.code)
 
     def response(self) -> web.Response:
-        return web.Response(
+        resp = web.Response(
             status=self.status,
             body=orjson.dumps(self.body()),
             content_type="application/json",
             headers=self.headers,
         )
+        if self.close:
+            resp.force_close()
+        return resp
 
 
 def error_body(
@@ -57,6 +62,39 @@ def bad_request(message: str, param: str | None = None) -> RouterError:
 
 def no_worker(message: str = "no healthy worker is available") -> RouterError:
     return RouterError(503, message, type_="server_error", code="no_worker_available")
+
+
+def openai_error_body(status: int, body: bytes) -> bytes | None:
+    """A worker's error reply (status >= 400) in OpenAI's shape, or None when it is in it already.
+
+    SGLang answers its OpenAI endpoints' errors as {"object": "error", "message", "type", "param",
+    "code"} and others as {"error": "..."} or FastAPI's {"detail": ...}; the client gets one shape
+    whichever it was (the router's own errors use it too)."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        obj = None
+    type_: object = "invalid_request_error" if status < 500 else "server_error"
+    param = code = None
+    message: object
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return None
+        if obj.get("object") == "error" or "message" in obj:
+            message = obj.get("message")
+            type_ = obj.get("type") if isinstance(obj.get("type"), str) else type_
+            param = obj.get("param") if isinstance(obj.get("param"), str) else None
+            code = obj.get("code") if isinstance(obj.get("code"), str) else None
+        elif "error" in obj:
+            message = err
+        else:
+            message = obj.get("detail", obj)
+    else:
+        message = body.decode("utf-8", errors="replace").strip() or None
+    if not isinstance(message, str):
+        message = f"HTTP {status}" if message is None else orjson.dumps(message).decode()
+    return orjson.dumps(error_body(message, type_=str(type_), param=param, code=code))
 
 
 def sse_error_event(message: str, code: str = "worker_lost") -> bytes:

@@ -18,6 +18,16 @@ class FeedStats(Protocol):
     @property
     def decode_errors(self) -> int: ...
 
+    # KV-event feed hardening (issue 12)
+    @property
+    def stalls(self) -> int: ...
+
+    @property
+    def reconnects(self) -> int: ...
+
+    @property
+    def refused(self) -> bool: ...
+
 
 class KvFeeds(Protocol):
     async def add_worker(self, url: str) -> None: ...

@@ -16,6 +16,10 @@ from prometheus_client.registry import Collector
 
 _M = TypeVar("_M", Counter, Histogram)
 
+# smetric_requests_total's status for a stream cut after its 200 head went out (its worker lost or
+# stalled mid-stream): an error, not the 200 the client saw first.
+STREAM_ERROR = "stream_error"
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -29,6 +33,7 @@ class WorkerSample:
     kv_resets: int = 0
     kv_gaps_recovered: int = 0
     kv_decode_errors: int = 0
+    kv_stalls: int = 0
     inflight_pages: int | None = None  # None: no in-flight prefix view (or a decode worker)
 
 
@@ -68,6 +73,12 @@ class _WorkerCollector(Collector):
             "the worker's KV index",
             labels=["worker"],
         )
+        stalls = CounterMetricFamily(
+            "smetric_kv_event_stalls",
+            "KV-event feeds found stalled (the replay socket had batches the live stream never "
+            "delivered, or did not answer): each cleared the worker's KV index and re-synced it",
+            labels=["worker"],
+        )
         pending = GaugeMetricFamily(
             "smetric_inflight_prefix_pages",
             "Distinct pages of requests in flight to the worker (or just ended) that the "
@@ -83,9 +94,10 @@ class _WorkerCollector(Collector):
                 resets.add_metric([s.url], s.kv_resets)
                 gaps.add_metric([s.url], s.kv_gaps_recovered)
                 decode_errors.add_metric([s.url], s.kv_decode_errors)
+                stalls.add_metric([s.url], s.kv_stalls)
             if s.inflight_pages is not None:
                 pending.add_metric([s.url], s.inflight_pages)
-        return [healthy, inflight, load, connected, resets, gaps, decode_errors, pending]
+        return [healthy, inflight, load, connected, resets, gaps, decode_errors, stalls, pending]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +177,11 @@ class RouterMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "smetric_requests", "Requests answered", ["endpoint", "status"], registry=r
+            "smetric_requests",
+            "Requests answered, by HTTP status; stream_error: a stream cut after its head (worker "
+            "lost or stalled mid-stream, ended with an SSE error event)",
+            ["endpoint", "status"],
+            registry=r,
         )
         self.decisions = Counter(
             "smetric_decisions", "Routing decisions", ["reason", "worker"], registry=r
@@ -177,7 +193,10 @@ class RouterMetrics:
             registry=r,
         )
         self.stream_errors = Counter(
-            "smetric_stream_errors", "Streams cut by a lost worker", ["worker"], registry=r
+            "smetric_stream_errors",
+            "Streams cut by a lost or stalled worker",
+            ["worker"],
+            registry=r,
         )
         self.probe_failures = Counter(
             "smetric_probe_failures",
@@ -250,7 +269,7 @@ class RouterMetrics:
     def decided(self, reason: str, worker: str) -> None:
         self._child(self.decisions, reason, worker).inc()
 
-    def answered(self, endpoint: str, status: int, seconds: float) -> None:
+    def answered(self, endpoint: str, status: int | str, seconds: float) -> None:
         """Once per generation request, when its response is done."""
         self._child(self.requests, endpoint, str(status)).inc()
         self._child(self.duration, endpoint).observe(seconds)

@@ -13,9 +13,12 @@ queue (waiting for the decode's handshake), left out of SGLang's num_waiting_unc
 Until then the router bounds the wait by --pd-handover-timeout-secs, so a prefill that never hands
 over its KV cannot hang a client.
 
-Faults: a prefill or decode failing before the decode's first byte reached us (refused, 5xx,
-dropped) ends the attempt on both sides and the pair is re-chosen without that instance; after
-that first byte, a lost decode stream ends with an SSE error event and [DONE].
+Faults: a prefill or decode failing before the decode's first byte reached us (refused, 5xx)
+ends the attempt on both sides and the pair is re-chosen without that instance; one that dropped
+the connection after it was sent the request is not re-tried (unless --retry-on-reset), as in
+colocated routing (proxy.py), nor is the router's own shortage of file descriptors (503). After
+that first byte, a lost or stalled decode stream ends with an SSE error event and [DONE]. The
+decode's first byte (streams) and its silences mid-stream are bounded as in colocated routing.
 """
 
 from __future__ import annotations
@@ -36,18 +39,22 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from smetric_router.core.types import RequestFeatures
-from smetric_router.router.errors import RouterError, bad_request
+from smetric_router.router.auth import upstream_auth_header
+from smetric_router.router.errors import RouterError, bad_request, openai_error_body
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.proxy import (
     DROP_RESPONSE,
     REASON_HEADER,
-    UNREACHABLE,
+    STREAM_CUT,
     WORKER_HEADER,
     copy_stream,
     forward_headers,
     hit_headers,
+    local_error,
+    stalled_error,
 )
 from smetric_router.router.routing import Routed, Router
+from smetric_router.router.upstream import LocalError, Stalled, Upstream, is_local
 from smetric_router.router.workers import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -88,6 +95,16 @@ class _Failed:
     status: int | None = None  # the worker's own 5xx, relayed as is on the last try
     body: bytes = b""
     content_type: str = "application/json"
+    retry: bool = True  # False: dropped after it was sent (see --retry-on-reset)
+
+
+def _worker_error(status: int, body: bytes, content_type: str, pair: Pair) -> web.Response:
+    """A worker's own error reply, in OpenAI's shape."""
+    fixed = openai_error_body(status, body)
+    if fixed is not None:
+        body, content_type = fixed, "application/json"
+    headers = {**pair.headers(), "Content-Type": content_type}
+    return web.Response(status=status, body=body, headers=headers)
 
 
 def bootstrap_host(url: str) -> str:
@@ -163,6 +180,10 @@ class PdProxy:
     max_retries: int
     timeout: aiohttp.ClientTimeout
     handover_timeout: float
+    slots: Upstream | None = None  # the bound on connections to workers it shares
+    first_byte_timeout: float | None = None  # streams: dispatch to the decode's first byte
+    stream_idle_timeout: float | None = None
+    retry_on_reset: bool = False
 
     def route(
         self,
@@ -189,6 +210,7 @@ class PdProxy:
     ) -> web.StreamResponse:
         n = batch_size(path, body)
         headers = forward_headers(request.headers)
+        headers.update(upstream_auth_header(request))
         excluded: dict[Side, list[str]] = {Side.PREFILL: [], Side.DECODE: []}
         while True:
             prefill = self.registry.workers.get(pair.prefill.decision.worker)
@@ -200,14 +222,15 @@ class PdProxy:
                 )
             else:
                 payload = with_bootstrap(body, prefill, n)
+                stream = body.get("stream") is True
                 outcome = await self._attempt(
-                    request, path, payload, headers, pair, prefill, decode, started, label
+                    request, path, payload, headers, pair, prefill, decode, started, label, stream
                 )
             if isinstance(outcome, web.StreamResponse):
                 return outcome
             side_routed = pair.side(outcome.side)
             tries = len(excluded[Side.PREFILL]) + len(excluded[Side.DECODE])
-            if not self._can_retry(side_routed, excluded[outcome.side], tries):
+            if not outcome.retry or not self._can_retry(side_routed, excluded[outcome.side], tries):
                 return self._give_up(outcome, pair, tries)
             self.metrics.retries.labels(outcome.worker).inc()
             log.warning("retrying away from %s: %s", outcome.worker, outcome.why)
@@ -226,8 +249,17 @@ class PdProxy:
 
     def _give_up(self, failed: _Failed, pair: Pair, tries: int) -> web.Response:
         if failed.status is not None:  # the worker's own answer, as colocated routing does
-            headers = {**pair.headers(), "Content-Type": failed.content_type}
-            return web.Response(status=failed.status, body=failed.body, headers=headers)
+            return _worker_error(failed.status, failed.body, failed.content_type, pair)
+        if not failed.retry:
+            raise RouterError(
+                502,
+                f"{failed.side.value} worker {failed.worker} dropped the request after "
+                f"accepting it ({failed.why}); not retried on another worker, as the request "
+                "may be what brought it down (--retry-on-reset retries)",
+                type_="server_error",
+                code="worker_reset",
+                headers=pair.headers(),
+            )
         raise RouterError(
             502,
             f"{failed.side.value} worker {failed.worker} failed ({failed.why}) "
@@ -248,6 +280,49 @@ class PdProxy:
         decode: Worker,
         started: float,
         label: str,
+        stream: bool = False,
+    ) -> web.StreamResponse | _Failed:
+        loop = asyncio.get_running_loop()
+        first_at = None
+        if stream and self.first_byte_timeout is not None:
+            first_at = loop.time() + self.first_byte_timeout
+        slots = 0
+        if self.slots is not None:  # a connection to each side
+            total = self.timeout.total
+            deadline = first_at or (loop.time() + total if total else None)
+            try:
+                for _ in range(2):
+                    await self.slots.take_slot(loop, deadline)
+                    slots += 1
+            except LocalError as e:
+                for _ in range(slots):
+                    self.slots.slot_freed()
+                raise local_error(str(e), pair.headers()) from None
+            except BaseException:
+                for _ in range(slots):
+                    self.slots.slot_freed()
+                raise
+        try:
+            return await self._attempt_with_slots(
+                request, path, payload, headers, pair, prefill, decode, started, label, first_at
+            )
+        finally:
+            if self.slots is not None:
+                for _ in range(slots):
+                    self.slots.slot_freed()
+
+    async def _attempt_with_slots(
+        self,
+        request: web.Request,
+        path: str,
+        payload: bytes,
+        headers: CIMultiDict[str],
+        pair: Pair,
+        prefill: Worker,
+        decode: Worker,
+        started: float,
+        label: str,
+        first_at: float | None,
     ) -> web.StreamResponse | _Failed:
         features = pair.prefill.features
         # What the prefill will not compute: its local hit, or what it loads from L3.
@@ -257,7 +332,7 @@ class PdProxy:
         # The prompt's pages count as held by the prefill until it is done (cluster/inflight.py).
         pending = self.prefill_router.hold(prefill.url, features)
         p_task = asyncio.create_task(self._prefill(prefill, path, payload, headers))
-        d_task = asyncio.create_task(self._decode_head(decode, path, payload, headers))
+        d_task = asyncio.create_task(self._decode_head(decode, path, payload, headers, pair))
         try:
             done, _ = await asyncio.wait(
                 (p_task, d_task), timeout=self.handover_timeout, return_when=asyncio.FIRST_COMPLETED
@@ -277,7 +352,15 @@ class PdProxy:
                     return problem
                 held.prefill_done()
                 self.prefill_router.release(pending, ran=True)
-            head = await d_task
+            try:
+                async with asyncio.timeout_at(first_at):
+                    head = await asyncio.shield(d_task)
+            except TimeoutError:
+                if d_task.done():  # the worker's own timeout, not the first-byte bound
+                    raise
+                why_ = f"no response byte within {self.first_byte_timeout:g} s"
+                self.registry.mark_failed(decode, why_)
+                raise stalled_error(decode.url, why_, pair.headers()) from None
             held.prefill_done()  # the decode's first byte: the KV has arrived
             if isinstance(head, _Failed):
                 return head
@@ -311,16 +394,28 @@ class PdProxy:
         try:
             status, body, content_type = task.result()
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            why_ = str(e) or type(e).__name__
-            if isinstance(e, aiohttp.ClientConnectorError):
-                self.registry.mark_failed(prefill, why_)
-            return _Failed(Side.PREFILL, prefill.url, why_)
+            return self._failed(Side.PREFILL, prefill, e, pair)
         if status >= 500:
             return _Failed(Side.PREFILL, prefill.url, f"HTTP {status}", status, body, content_type)
         if status >= 400:  # the request itself was refused: the decode would never get its KV
-            headers = {**pair.headers(), "Content-Type": content_type}
-            return web.Response(status=status, body=body, headers=headers)
+            return _worker_error(status, body, content_type, pair)
         return None
+
+    def _failed(self, side: Side, worker: Worker, e: BaseException, pair: Pair) -> _Failed:
+        """What a failed request to one side means for the attempt (may raise the 503 of the
+        router's own shortage)."""
+        why_ = str(e) or type(e).__name__
+        if isinstance(e, aiohttp.ClientConnectorError):  # never sent
+            if is_local(e):
+                raise local_error(why_, pair.headers())
+            self.registry.mark_failed(worker, why_)
+            return _Failed(side, worker.url, why_)
+        if isinstance(e, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError,
+                          aiohttp.ClientPayloadError)):  # fmt: skip
+            # Sent, then dropped: the worker may have run it, and died of it.
+            self.registry.mark_failed(worker, why_)
+            return _Failed(side, worker.url, why_, retry=self.retry_on_reset)
+        return _Failed(side, worker.url, why_)
 
     async def _prefill(
         self, worker: Worker, path: str, payload: bytes, headers: CIMultiDict[str]
@@ -334,7 +429,7 @@ class PdProxy:
             return resp.status, await resp.read(), resp.content_type
 
     async def _decode_head(
-        self, worker: Worker, path: str, payload: bytes, headers: CIMultiDict[str]
+        self, worker: Worker, path: str, payload: bytes, headers: CIMultiDict[str], pair: Pair
     ) -> tuple[aiohttp.ClientResponse, bytes] | _Failed:
         """The decode's response with its first chunk (a stream) or whole body (otherwise)."""
         try:
@@ -344,11 +439,8 @@ class PdProxy:
                 headers=headers,
                 timeout=self.timeout,
             )
-        except UNREACHABLE as e:
-            why_ = str(e) or type(e).__name__
-            if isinstance(e, aiohttp.ClientConnectorError):
-                self.registry.mark_failed(worker, why_)
-            return _Failed(Side.DECODE, worker.url, why_)
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as e:
+            return self._failed(Side.DECODE, worker, e, pair)
         try:
             if resp.status >= 500:
                 why_ = f"HTTP {resp.status}"
@@ -360,7 +452,7 @@ class PdProxy:
                 first = await resp.read()
         except aiohttp.ClientError as e:
             resp.close()
-            return _Failed(Side.DECODE, worker.url, str(e) or type(e).__name__)
+            return self._failed(Side.DECODE, worker, e, pair)
         except BaseException:
             resp.close()
             raise
@@ -381,11 +473,20 @@ class PdProxy:
             (k, v) for k, v in resp.headers.items() if k.lower() not in DROP_RESPONSE
         )
         headers.update(pair.headers())
-        if resp.content_type != "text/event-stream":
+        if resp.content_type != "text/event-stream" or resp.status >= 400:
+            if resp.status >= 400 and (fixed := openai_error_body(resp.status, first)) is not None:
+                first = fixed
+                headers["Content-Type"] = "application/json"
             return web.Response(status=resp.status, body=first, headers=headers)
         out = web.StreamResponse(status=resp.status, headers=headers)
         await out.prepare(request)
         await out.write(first)
         tail = first[-2:] if first else b"\n\n"
-        await copy_stream(out, resp.content, decode.url, self.metrics, tail)
+        cut = await copy_stream(
+            out, resp.content, decode.url, self.metrics, tail, idle=self.stream_idle_timeout
+        )
+        if cut is not None:
+            request[STREAM_CUT] = True
+            if isinstance(cut, Stalled):
+                self.registry.mark_failed(decode, str(cut))
         return out

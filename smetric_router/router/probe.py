@@ -24,9 +24,14 @@ _JSON = {"Content-Type": "application/json"}
 
 class Prober:
     def __init__(
-        self, session: aiohttp.ClientSession, timeout_secs: float, metrics: RouterMetrics
+        self,
+        session: aiohttp.ClientSession,
+        timeout_secs: float,
+        metrics: RouterMetrics,
+        headers: Mapping[str, str] | None = None,  # the worker key, if any
     ) -> None:
         self._session = session
+        self._headers = {**_JSON, **(headers or {})}
         self._timeout = aiohttp.ClientTimeout(total=timeout_secs)
         self._metrics = metrics
 
@@ -41,7 +46,7 @@ class Prober:
     async def _ask(self, url: str, body: bytes) -> tuple[int, int]:
         try:
             async with self._session.post(
-                url + PROBE_PATH, data=body, headers=_JSON, timeout=self._timeout
+                url + PROBE_PATH, data=body, headers=self._headers, timeout=self._timeout
             ) as r:
                 if r.status != 200:
                     raise ValueError(f"HTTP {r.status}")

@@ -1,8 +1,15 @@
 """Forwarding to the chosen worker: retries before the first byte, byte-exact pass-through after.
 
 A worker that refuses the connection or answers 5xx before sending its body is retried on another
-worker (re-decided without it). Once response bytes flow to the client there is no retry: a stream
-whose worker disappears is closed with an SSE error event and `data: [DONE]`, so clients never hang.
+worker (re-decided without it). A worker whose connection ends after it was sent the request is
+not (unless --retry-on-reset): a generation is not idempotent, and a request that killed one worker
+would kill the next. The router's own shortage (file descriptors, connection slots) is answered
+503 and says nothing about the worker. A worker silent past --first-byte-timeout-secs (for a
+non-streamed request, whose first byte is its whole answer, only once the worker also fails its
+health checks) or --stream-idle-timeout-secs is marked failed and the request answered 504. Once
+response bytes flow to the client there is no retry: a stream whose worker disappears or stalls is
+closed with an SSE error event and `data: [DONE]`, so clients never hang, and counted as a
+stream_error.
 """
 
 from __future__ import annotations
@@ -18,10 +25,22 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from smetric_router.router.errors import RouterError, sse_error_event
+from smetric_router.router.auth import upstream_auth_line
+from smetric_router.router.drain import SHUTDOWN_CODE, take_ended
+from smetric_router.router.errors import RouterError, openai_error_body, sse_error_event
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.routing import Routed, Router
-from smetric_router.router.upstream import Lost, Response, Unreachable, Upstream, UpstreamError
+from smetric_router.router.upstream import (
+    LocalError,
+    Lost,
+    Reset,
+    Response,
+    Stalled,
+    Timeouts,
+    Unreachable,
+    Upstream,
+    UpstreamError,
+)
 from smetric_router.router.workers import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -47,21 +66,19 @@ _HOP_BY_HOP = frozenset(
     }
 )
 DROP_RESPONSE = _HOP_BY_HOP | {"date", "server"}
-# Failures that happen before the worker sent anything: safe to send the request elsewhere.
-UNREACHABLE = (
-    aiohttp.ClientConnectorError,
-    aiohttp.ServerDisconnectedError,
-    aiohttp.ClientOSError,
-)
+# Set on a request whose stream was cut after its head went out (the generation handler counts
+# it as a stream_error, not as the 200 the client saw first).
+STREAM_CUT: web.RequestKey[bool] = web.RequestKey("smetric_stream_cut", bool)
 
 
-# aiohttp has already decoded the body the router forwards.
-_DECODED = frozenset({"content-encoding"})
+# aiohttp has already decoded the body the router forwards; router/auth.py decides what the
+# worker gets for Authorization (upstream_auth_line).
+_NOT_FORWARDED = _HOP_BY_HOP | {"content-encoding", "authorization"}
 
 
 def _forwarded(name: str) -> bool:
     """Whether a client's request header (lower-case name) goes on to the worker."""
-    return name not in _HOP_BY_HOP and name not in _DECODED and not name.startswith("x-smetric-")
+    return name not in _NOT_FORWARDED and not name.startswith("x-smetric-")
 
 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -109,6 +126,40 @@ def hit_headers(routed: Routed) -> dict[str, str]:
     return {HIT_HEADER: f"gpu={w.gpu_hit}; host={w.hit}; l3={l3}", TIER_HEADER: tier}
 
 
+def local_error(why: str, headers: Mapping[str, str]) -> RouterError:
+    """The router's own shortage: 503 for this request, nothing against the worker."""
+    log.warning("request refused for lack of local resources: %s", why)
+    return RouterError(
+        503,
+        f"the router is out of connection resources ({why}); retry shortly",
+        type_="server_error",
+        code="router_overloaded",
+        headers={**headers, "Retry-After": "1"},
+        close=True,
+    )
+
+
+def stalled_error(worker: str, why: str, headers: Mapping[str, str]) -> RouterError:
+    return RouterError(
+        504,
+        f"worker {worker} stalled: {why}",
+        type_="server_error",
+        code="worker_timeout",
+        headers=headers,
+    )
+
+
+def reset_error(worker: str, why: str, headers: Mapping[str, str]) -> RouterError:
+    return RouterError(
+        502,
+        f"worker {worker} dropped the request after accepting it ({why}); not retried on "
+        "another worker, as the request may be what brought it down (--retry-on-reset retries)",
+        type_="server_error",
+        code="worker_reset",
+        headers=headers,
+    )
+
+
 @dataclass(slots=True)
 class Proxy:
     upstream: Upstream
@@ -117,6 +168,16 @@ class Proxy:
     metrics: RouterMetrics
     max_retries: int
     timeout: float  # a request's whole exchange with its worker, body included
+    first_byte_timeout: float | None = None  # streams: dispatch to the first body byte
+    stream_idle_timeout: float | None = None  # silence between body bytes once they flow
+    retry_on_reset: bool = False
+
+    def timeouts(self, stream: bool, worker: Worker) -> Timeouts:
+        if stream:
+            return Timeouts(self.timeout, self.first_byte_timeout, self.stream_idle_timeout)
+        # A non-streamed reply's first byte is its whole answer: past the first-byte bound it is
+        # still awaited while its worker passes its health checks (a hung SGLang fails them).
+        return Timeouts(self.timeout, self.first_byte_timeout, alive=lambda: worker.healthy)
 
     async def dispatch(
         self,
@@ -126,8 +187,9 @@ class Proxy:
         routed: Routed,
         started: float,
         label: str,
+        stream: bool = False,
     ) -> web.StreamResponse:
-        headers = forward_head(request.raw_headers)
+        headers = forward_head(request.raw_headers) + upstream_auth_line(request)
         excluded: list[str] = []
         while True:
             worker = self.registry.workers.get(routed.decision.worker)
@@ -141,7 +203,9 @@ class Proxy:
                 hold = self.router.hold(worker.url, routed.features)
                 ran = False  # whether the worker took it (then its KV events are on the way)
                 try:
-                    why, resp = await self._send(worker, path, body, headers, last)
+                    bounds = self.timeouts(stream, worker)
+                    sent = await self._send(worker, path, body, headers, last, bounds, routed)
+                    why, resp = sent
                     if resp is not None:
                         ran = resp.status < 400
                         return await self._relay(request, worker, resp, routed, started, label)
@@ -177,12 +241,19 @@ class Proxy:
         )
 
     async def _send(
-        self, worker: Worker, path: str, body: bytes, headers: bytes, last: bool
+        self,
+        worker: Worker,
+        path: str,
+        body: bytes,
+        headers: bytes,
+        last: bool,
+        timeouts: Timeouts,
+        routed: Routed,
     ) -> tuple[str, Response | None]:
         """Open the request; a retryable failure comes back as (why, None)."""
         worker.inflight += 1
         try:
-            resp = await self.upstream.post(worker.url, path, headers, body, self.timeout)
+            resp = await self.upstream.post(worker.url, path, headers, body, timeouts)
         except Unreachable as e:
             worker.inflight -= 1
             why = str(e) or type(e).__name__
@@ -191,6 +262,19 @@ class Proxy:
             if e.refused:
                 self.registry.mark_failed(worker, why)
             return why, None
+        except Reset as e:
+            worker.inflight -= 1
+            self.registry.mark_failed(worker, str(e))
+            if self.retry_on_reset and not last:
+                return str(e), None
+            raise reset_error(worker.url, str(e), decision_headers(routed)) from None
+        except LocalError as e:
+            worker.inflight -= 1
+            raise local_error(str(e), decision_headers(routed)) from None
+        except Stalled as e:
+            worker.inflight -= 1
+            self.registry.mark_failed(worker, str(e))
+            raise stalled_error(worker.url, str(e), decision_headers(routed)) from None
         except Lost as e:  # garbage for a head: another worker may do better
             worker.inflight -= 1
             return str(e), None
@@ -215,7 +299,7 @@ class Proxy:
         try:
             headers = CIMultiDict((k, v) for k, v in resp.headers if k.lower() not in DROP_RESPONSE)
             headers.update(decision_headers(routed))
-            if resp.content_type == "text/event-stream":
+            if resp.content_type == "text/event-stream" and resp.status < 400:
                 return await self._stream(request, worker, resp, headers, started, label)
             return await self._whole(worker, resp, headers, routed, started, label)
         finally:
@@ -235,6 +319,9 @@ class Proxy:
             first = await resp.readany()
             self.metrics.first_byte(label, time.perf_counter() - started)
             body = first + await resp.read() if first else first
+        except Stalled as e:
+            self.registry.mark_failed(worker, str(e))
+            raise stalled_error(worker.url, str(e), decision_headers(routed)) from None
         except (UpstreamError, asyncio.TimeoutError):
             raise RouterError(
                 502,
@@ -243,6 +330,9 @@ class Proxy:
                 code="worker_lost",
                 headers=decision_headers(routed),
             ) from None
+        if resp.status >= 400 and (rewritten := openai_error_body(resp.status, body)) is not None:
+            body = rewritten
+            headers["Content-Type"] = "application/json"
         return web.Response(status=resp.status, body=body, headers=headers)
 
     async def _stream(
@@ -263,7 +353,11 @@ class Proxy:
         def first() -> None:
             self.metrics.first_byte(label, time.perf_counter() - started)
 
-        await copy_stream(out, resp, worker.url, self.metrics, on_first=first)
+        cut = await copy_stream(out, resp, worker.url, self.metrics, on_first=first)
+        if cut is not None:
+            request[STREAM_CUT] = True
+            if isinstance(cut, Stalled):
+                self.registry.mark_failed(worker, str(cut))
         return out
 
 
@@ -280,21 +374,46 @@ async def copy_stream(
     metrics: RouterMetrics,
     tail: bytes = b"\n\n",
     on_first: Callable[[], None] | None = None,
-) -> None:
-    """Pass chunks through as they come; a lost upstream ends the stream with an SSE error event
-    and [DONE]. `tail`: the last bytes already written (to close a half-written event)."""
+    idle: float | None = None,
+) -> BaseException | None:
+    """Pass chunks through as they come; a lost or stalled upstream ends the stream with an SSE
+    error event and [DONE], and comes back as what ended it (None: the stream ended well).
+    `tail`: the last bytes already written (to close a half-written event). `idle`: longest wait
+    for a chunk, for a reader without its own (aiohttp's, under PD)."""
     while True:
         # Only upstream reads are guarded: a client that went away ends the handler.
         try:
-            chunk = await content.readany()
+            if idle is None:
+                chunk = await content.readany()
+            else:
+                try:
+                    async with asyncio.timeout(idle):
+                        chunk = await content.readany()
+                except TimeoutError:
+                    raise Stalled(f"the worker sent nothing for {idle:g} s", False) from None
         except (aiohttp.ClientError, UpstreamError, asyncio.TimeoutError) as e:
             why = str(e) or type(e).__name__
-            log.warning("stream from %s lost: %s", upstream, why)
+            stalled = isinstance(e, (Stalled, asyncio.TimeoutError))
+            log.warning("stream from %s %s: %s", upstream, "stalled" if stalled else "lost", why)
             metrics.stream_errors.labels(upstream).inc()
             # Close a half-written event first so the error event parses on its own.
             sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
-            await out.write(sep + sse_error_event(f"worker {upstream} lost mid-stream: {why}"))
-            break
+            if stalled:
+                event = sse_error_event(f"worker {upstream} stalled: {why}", "worker_timeout")
+            else:
+                event = sse_error_event(f"worker {upstream} lost mid-stream: {why}")
+            await out.write(sep + event)
+            await out.write_eof()
+            return e
+        except asyncio.CancelledError as e:
+            # The router's shutdown grace ran out (router/drain.py), or the client went away.
+            if not take_ended():
+                raise
+            sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
+            msg = "the router shut down before the stream ended"
+            await out.write(sep + sse_error_event(msg, code=SHUTDOWN_CODE))
+            await out.write_eof()
+            return e
         if not chunk:
             break
         if on_first is not None:
@@ -303,7 +422,8 @@ async def copy_stream(
         if content.is_eof():
             # The last chunk and the stream's end (and the headers, if still held) in one write.
             await out.write_eof(chunk)
-            return
+            return None
         await out.write(chunk)
         tail = (tail + chunk)[-2:]
     await out.write_eof()
+    return None

@@ -6,16 +6,24 @@ objects, a parser and a writer task per request, cookie and redirect handling); 
 one POST to a known worker needs none of it. Everything else (health checks, PD, admin) keeps
 aiohttp.
 
-Failures keep the shapes the proxy retries on: `Unreachable` before any response byte (`refused`:
-no connection could be made), asyncio.TimeoutError past the request's deadline (head or body),
-`Lost` when the connection ends inside the body.
+Failures say what the proxy may do next: `Unreachable` when the request never reached the worker
+(`refused`: no connection could be made) is safe to send elsewhere; `Reset` when the connection
+ended after the request was written but before any reply byte is not (the worker may have run it,
+and died of it); `LocalError` when the router itself is out of file descriptors (or of connection
+slots, --max-upstream-connections) says nothing about the worker; `Stalled` when the worker sent
+no first body byte, or went quiet mid-body, past its bound; asyncio.TimeoutError past the request's
+whole deadline; `Lost` when the connection ends inside the body.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import random
 import ssl
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -24,6 +32,18 @@ from yarl import URL
 _MAX_HEAD = 64 * 1024
 _HIGH_WATER = 256 * 1024  # body bytes buffered before reading from the worker pauses
 _IDLE_PER_ORIGIN = 1024
+# An idle connection older than this is not reused: SGLang's uvicorn closes keep-alive connections
+# after 5 s, and a request written onto one it is closing would look like a worker dying under it.
+MAX_IDLE_SECS = 3.0
+# Past the first-byte bound, how often a request with Timeouts.alive asks it again.
+_RECHECK_SECS = 1.0
+# How long a connection is retried while the router is out of file descriptors.
+LOCAL_WAIT_SECS = 1.0
+# errno values that are the router's own shortage (file descriptors, buffers, local ports), not
+# anything the worker did.
+LOCAL_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL}
+)
 
 # body framing states
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
@@ -45,6 +65,50 @@ class Lost(UpstreamError):
     """The connection ended or broke the protocol inside a response."""
 
 
+class Reset(UpstreamError):
+    """The connection ended after the request was written, before any reply byte: the worker may
+    have accepted and run it (a generation is not idempotent)."""
+
+
+class LocalError(UpstreamError):
+    """The router could not open a connection for reasons of its own (out of file descriptors or
+    of connection slots): not the worker's fault."""
+
+
+class Stalled(UpstreamError):
+    """No first body byte within the first-byte bound, or none for the idle bound mid-body."""
+
+    def __init__(self, why: str, first_byte: bool) -> None:
+        super().__init__(why)
+        self.first_byte = first_byte  # nothing of the body had come yet
+
+
+def is_local(exc: BaseException) -> bool:
+    """Whether an OSError (also one wrapped by aiohttp) is the router's own shortage."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short chain: the error, what aiohttp wraps, their causes
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in LOCAL_ERRNOS:
+            return True
+        os_error = getattr(seen, "os_error", None)  # aiohttp.ClientConnectorError
+        wrapped = os_error if isinstance(os_error, OSError) and os_error is not seen else None
+        seen = wrapped or seen.__cause__
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """One request's bounds in seconds (None: unbounded)."""
+
+    total: float | None  # the whole exchange, body included
+    first_byte: float | None = None  # dispatch to the first body byte
+    idle: float | None = None  # longest silence between body bytes once the first came
+    # Past first_byte, keep waiting while this says the worker is still fine (a non-streamed
+    # reply's first byte is its whole answer: a long one is no stall while its worker is healthy).
+    alive: Callable[[], bool] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class _Target:
     origin: tuple[str, str, int]  # scheme, host, port: the pool key
@@ -52,11 +116,15 @@ class _Target:
 
 
 class _Conn(asyncio.Protocol):
-    def __init__(self, idle: list[_Conn]) -> None:
+    def __init__(self, idle: list[_Conn], pool: Upstream) -> None:
         self.transport: asyncio.Transport | None = None
         self.idle = idle  # its origin's idle list
+        self.pool = pool
         self.resp: Response | None = None
         self.lost = False
+        self.holds_slot = False  # counted in the pool's open connections until it is gone
+        self.reused = False
+        self.idle_since = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -69,6 +137,9 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self.holds_slot:
+            self.holds_slot = False
+            self.pool.slot_freed()
         if self.resp is not None:
             self.resp.feed_lost(exc)
             self.resp = None
@@ -82,7 +153,15 @@ class _Conn(asyncio.Protocol):
 
     def release(self, keep_alive: bool) -> None:
         self.resp = None
-        if keep_alive and not self.lost and len(self.idle) < _IDLE_PER_ORIGIN:
+        # With requests waiting for a connection slot, an idle one would only hold theirs.
+        if (
+            keep_alive
+            and not self.lost
+            and len(self.idle) < _IDLE_PER_ORIGIN
+            and not self.pool.has_waiters()
+        ):
+            self.reused = True
+            self.idle_since = self.pool.loop_time()
             self.idle.append(self)
         else:
             self.close()
@@ -93,7 +172,12 @@ class Response:
     through readany() (an aiohttp.StreamReader's reading surface, for copy_stream)."""
 
     def __init__(
-        self, conn: _Conn, loop: asyncio.AbstractEventLoop, deadline: float | None
+        self,
+        conn: _Conn,
+        loop: asyncio.AbstractEventLoop,
+        deadline: float | None,
+        first_byte_at: float | None = None,
+        bounds: Timeouts | None = None,
     ) -> None:
         self.status = 0
         self.headers: list[tuple[str, str]] = []
@@ -111,6 +195,13 @@ class Response:
         self._exc: BaseException | None = None
         self._keep_alive = True
         self._timer = loop.call_at(deadline, self._timed_out) if deadline is not None else None
+        self._bounds = bounds or Timeouts(None)
+        self._first_timer: asyncio.TimerHandle | None = None
+        if first_byte_at is not None:
+            self._first_timer = loop.call_at(first_byte_at, self._no_first_byte)
+        self._idle = self._bounds.idle
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_data = 0.0
 
     # reading side ----------------------------------------------------------------------------
 
@@ -131,6 +222,7 @@ class Response:
         self._buffered = 0
         if self._paused and self._conn is not None and self._conn.transport is not None:
             self._paused = False
+            self._last_data = self._loop.time()
             self._conn.transport.resume_reading()
         return data
 
@@ -149,8 +241,7 @@ class Response:
 
     def close(self) -> None:
         """Done with it: an unfinished reply costs its connection."""
-        if self._timer is not None:
-            self._timer.cancel()
+        self._cancel_timers()
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.resp = None
@@ -171,6 +262,7 @@ class Response:
             self._fail(e if isinstance(e, Lost) else Lost(f"bad response from the worker: {e}"))
             return
         if out:
+            self._got_data()
             chunk = out[0] if len(out) == 1 else b"".join(out)
             self._body.append(chunk)
             self._buffered += len(chunk)
@@ -284,13 +376,53 @@ class Response:
             return
         why = str(exc) if exc else "the worker closed the connection"
         if self._state == _HEAD:
-            self._fail(Unreachable(why, refused=False))
+            self._fail(Reset(f"the connection ended after the request was sent: {why}"))
         else:
             self._fail(Lost(f"response payload is not completed: {why}"))
 
     def _timed_out(self) -> None:
         self._timer = None
         self._fail(asyncio.TimeoutError())
+
+    def _got_data(self) -> None:
+        if self._first_timer is not None:
+            self._first_timer.cancel()
+            self._first_timer = None
+        if self._idle is not None:
+            self._last_data = self._loop.time()
+            if self._idle_timer is None:
+                due = self._last_data + self._idle
+                self._idle_timer = self._loop.call_at(due, self._check_idle)
+
+    def _no_first_byte(self) -> None:
+        self._first_timer = None
+        alive = self._bounds.alive
+        if alive is not None and alive():
+            self._first_timer = self._loop.call_later(_RECHECK_SECS, self._no_first_byte)
+            return
+        why = f"no response byte within {self._bounds.first_byte:g} s"
+        if alive is not None:
+            why += " and the worker fails its health checks"
+        self._fail(Stalled(why, first_byte=True))
+
+    def _check_idle(self) -> None:
+        # One timer per response, moved on lazily: the hot path only notes the time of each read.
+        assert self._idle is not None
+        self._idle_timer = None
+        now = self._loop.time()
+        if self._paused:  # it is the client who is not reading: the silence starts on resume
+            self._last_data = now
+        due = self._last_data + self._idle
+        if now < due:
+            self._idle_timer = self._loop.call_at(due, self._check_idle)
+            return
+        self._fail(Stalled(f"the worker sent nothing for {self._idle:g} s", first_byte=False))
+
+    def _cancel_timers(self) -> None:
+        for t in (self._timer, self._first_timer, self._idle_timer):
+            if t is not None:
+                t.cancel()
+        self._timer = self._first_timer = self._idle_timer = None
 
     def _fail(self, exc: BaseException) -> None:
         if self._exc is None:
@@ -302,15 +434,11 @@ class Response:
         if conn is not None:
             conn.resp = None
             conn.close()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_timers()
         self._wake()
 
     def _finish(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_timers()
         conn, self._conn = self._conn, None
         if conn is not None:
             if self._paused and conn.transport is not None:
@@ -325,28 +453,53 @@ class Response:
 
 
 class Upstream:
-    """Keep-alive connection pools, one per worker origin."""
+    """Keep-alive connection pools, one per worker origin, under one bound on open connections
+    (each is a file descriptor): past it, a request waits for a slot within its own deadline."""
 
-    def __init__(self, connect_timeout: float) -> None:
+    def __init__(
+        self,
+        connect_timeout: float,
+        max_connections: int | None = None,
+        max_idle_secs: float = MAX_IDLE_SECS,
+    ) -> None:
         self._connect_timeout = connect_timeout
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._targets: dict[tuple[str, str], _Target] = {}
         self._ssl: ssl.SSLContext | None = None
+        self._max = max_connections
+        self._max_idle = max_idle_secs
+        self.open = 0  # connections open or being opened (slots taken)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def max_connections(self) -> int | None:
+        return self._max
+
+    def waiting(self) -> int:
+        return len(self._waiters)
 
     async def post(
-        self, base: str, path: str, headers: bytes, body: bytes, timeout: float | None
+        self,
+        base: str,
+        path: str,
+        headers: bytes,
+        body: bytes,
+        timeout: float | Timeouts | None,
     ) -> Response:
         """Send `body` to base + path and wait for the reply's head. headers: forwarded header
         lines, each ending in CRLF."""
+        t = timeout if isinstance(timeout, Timeouts) else Timeouts(timeout)
         target = self._target(base, path)
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        conn = self._pooled(target.origin)
+        now = loop.time()
+        deadline = None if t.total is None else now + t.total
+        first_at = None if t.first_byte is None else now + t.first_byte
+        conn = self._pooled(target.origin, now)
         if conn is None:
-            conn = await self._connect(target.origin, loop)
+            conn = await self._connect(target.origin, loop, _earliest(deadline, first_at))
         if conn.lost or conn.transport is None:  # closed by the worker as soon as it opened
             raise Unreachable(f"{base} closed the connection at once", refused=False)
-        resp = Response(conn, loop, deadline)
+        resp = Response(conn, loop, deadline, first_at, t)
         conn.resp = resp
         conn.transport.write(
             b"%sContent-Length: %d\r\n%s\r\n%s" % (target.prefix, len(body), headers, body)
@@ -370,31 +523,126 @@ class Upstream:
             t = self._targets[base, path] = _Target((url.scheme, url.raw_host, url.port), prefix)
         return t
 
-    def _pooled(self, origin: tuple[str, str, int]) -> _Conn | None:
+    def _pooled(self, origin: tuple[str, str, int], now: float) -> _Conn | None:
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()  # the most recent: the least likely to have been closed
-            if not conn.lost and conn.transport is not None and not conn.transport.is_closing():
-                return conn
+            if conn.lost or conn.transport is None or conn.transport.is_closing():
+                continue
+            if now - conn.idle_since > self._max_idle:
+                conn.close()
+                continue
+            return conn
         return None
 
     async def _connect(
-        self, origin: tuple[str, str, int], loop: asyncio.AbstractEventLoop
+        self,
+        origin: tuple[str, str, int],
+        loop: asyncio.AbstractEventLoop,
+        deadline: float | None,
     ) -> _Conn:
         scheme, host, port = origin
+        await self.take_slot(loop, deadline)
         idle = self._idle.setdefault(origin, [])
         tls: ssl.SSLContext | None = None
-        if scheme == "https":
-            tls = self._ssl = self._ssl or ssl.create_default_context()
+        made: list[_Conn] = []
+
+        def factory() -> _Conn:
+            made.append(_Conn(idle, self))
+            return made[-1]
+
+        # Out of descriptors: others are freed as requests end (and as the router answers its
+        # 503s, which close their client connections), so retry briefly, with jitter so the
+        # waiters do not all give up at once, before answering 503.
+        give_up = _earliest(deadline, loop.time() + LOCAL_WAIT_SECS)
+        backoff = 0.01
         try:
-            connecting = loop.create_connection(lambda: _Conn(idle), host, port, ssl=tls)
-            _, conn = await asyncio.wait_for(connecting, self._connect_timeout)
-        except OSError as e:
-            raise Unreachable(f"cannot connect to {host}:{port}: {e}", refused=True) from None
+            if scheme == "https":
+                tls = self._ssl = self._ssl or ssl.create_default_context()
+            while True:
+                try:
+                    connecting = loop.create_connection(factory, host, port, ssl=tls)
+                    _, conn = await asyncio.wait_for(connecting, self._connect_timeout)
+                    break
+                except OSError as e:
+                    pause = backoff * (0.5 + random.random())
+                    if not is_local(e) or (give_up is not None and loop.time() + pause > give_up):
+                        raise
+                    await asyncio.sleep(pause)
+                    backoff = min(backoff * 2, 0.2)
+        except BaseException as e:
+            self.slot_freed()
+            if isinstance(e, OSError) and is_local(e):
+                raise LocalError(f"cannot open a connection to {host}:{port}: {e}") from None
+            if isinstance(e, OSError):
+                raise Unreachable(f"cannot connect to {host}:{port}: {e}", refused=True) from None
+            raise
+        if conn.lost:  # gone already: its slot was never counted as its own
+            self.slot_freed()
+        else:
+            conn.holds_slot = True
         return conn
+
+    async def take_slot(self, loop: asyncio.AbstractEventLoop, deadline: float | None) -> None:
+        if self._max is None or (self.open < self._max and not self._waiters):
+            self.open += 1
+            return
+        self._close_oldest_idle()  # its slot comes to the first waiter when it is gone
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            if deadline is None:
+                await waiter
+            else:
+                async with asyncio.timeout_at(deadline):
+                    await waiter
+        except BaseException as e:
+            if waiter.done() and not waiter.cancelled():
+                self.slot_freed()  # handed over as we gave up: pass it on
+            else:
+                waiter.cancel()
+                with contextlib.suppress(ValueError):  # slot_freed may have dropped it already
+                    self._waiters.remove(waiter)
+            if isinstance(e, TimeoutError):
+                raise LocalError(
+                    f"all {self._max} upstream connections (--max-upstream-connections) stayed "
+                    "busy for the request's whole wait"
+                ) from None
+            raise
+
+    def _close_oldest_idle(self) -> None:
+        oldest: _Conn | None = None
+        for idle in self._idle.values():
+            for conn in idle:
+                if oldest is None or conn.idle_since < oldest.idle_since:
+                    oldest = conn
+        if oldest is not None:
+            oldest.idle.remove(oldest)
+            oldest.close()
+
+    def slot_freed(self) -> None:
+        """A connection is gone (or was never made): its slot goes to the first waiter."""
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
+        self.open -= 1
+
+    def has_waiters(self) -> bool:
+        return bool(self._waiters)
+
+    def loop_time(self) -> float:
+        return asyncio.get_running_loop().time()
 
     def close(self) -> None:
         for idle in self._idle.values():
             for conn in list(idle):
                 conn.close()
             idle.clear()
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)

@@ -34,6 +34,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from smetric_router.router.upstream import is_local
+
 log = logging.getLogger(__name__)
 
 _STALE_POLLS = 3
@@ -41,6 +43,10 @@ _STALE_POLLS = 3
 
 class WorkerRejected(ValueError):
     pass
+
+
+class _Refused(Exception):
+    """The worker wants a key the router does not have (HTTP 401/403)."""
 
 
 class Role(str, Enum):
@@ -53,11 +59,33 @@ class Role(str, Enum):
 _REPORTED_TOKENS = {Role.PREFILL: "num_waiting_uncached_tokens", Role.DECODE: "num_used_tokens"}
 
 
+def redact_url(url: str) -> str:
+    """The URL for an error message or a log line: without user:password@, control characters
+    escaped, cut at 200 characters."""
+    if "@" in url:  # everything up to the last @ may be a secret
+        scheme, sep, _ = url.partition("://")
+        url = (scheme + sep if sep else "") + "***@" + url.rpartition("@")[2]
+    return repr(url[:200])
+
+
 def normalize_url(url: str) -> str:
+    """A worker's base URL, scheme://host[:port] and nothing else: credentials would leak into
+    headers, metrics and logs; a path, query or fragment would change every endpoint's meaning."""
     url = url.strip().rstrip("/")
+    shown = redact_url(url)
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ValueError(f"worker url must not contain blanks or control characters: {shown}")
     parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise ValueError(f"worker url must not carry credentials (user:password@): {shown}")
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"worker url must look like http://host:port, got {url!r}")
+        raise ValueError(f"worker url must look like http://host:port, got {shown}")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise ValueError(f"worker url has an invalid port: {shown}") from None
+    if parts.path or parts.query or parts.fragment or "?" in url or "#" in url:
+        raise ValueError(f"worker url must not have a path, query or fragment: {shown}")
     return url
 
 
@@ -78,6 +106,7 @@ class Worker:
     models: frozenset[str] = frozenset()
     problem: str | None = None  # why the worker is excluded although it answers, if it is
     probed: bool = False
+    refused: int | None = None  # the 401/403 its /server_info answered: no or a wrong key
     # Whether the worker loads from the global tier: False only when its /server_info says it
     # has no HiCache storage backend (a server that does not say is taken to have one).
     l3: bool = True
@@ -178,6 +207,7 @@ class WorkerRegistry:
     load_interval: float = 1.0
     on_added: Hook | None = None
     on_removed: Hook | None = None
+    headers: dict[str, str] = field(default_factory=dict, repr=False)  # the worker key, if any
     workers: dict[str, Worker] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -277,7 +307,9 @@ class WorkerRegistry:
 
     async def _get_json(self, url: str) -> Any:
         timeout = aiohttp.ClientTimeout(total=self.health_timeout)
-        async with self.session.get(url, timeout=timeout) as resp:
+        async with self.session.get(url, timeout=timeout, headers=self.headers) as resp:
+            if resp.status in (401, 403):
+                raise _Refused(resp.status)
             if resp.status != 200:
                 return None
             return orjson.loads(await resp.read())
@@ -295,6 +327,11 @@ class WorkerRegistry:
             log.warning("worker %s not reachable: %s", w.url, e or type(e).__name__)
             w.healthy = False
             return
+        except _Refused as e:
+            # it answers, so _admit excludes it with the reason (said once)
+            w.refused, w.probed, w.healthy = e.args[0], True, True
+            return
+        w.refused = None
         w.page_size = page_size_of(info) if isinstance(info, dict) else None
         if w.role is Role.PREFILL and not w.bootstrap_port_fixed:
             w.bootstrap_port = bootstrap_port_of(info) if isinstance(info, dict) else None
@@ -319,6 +356,11 @@ class WorkerRegistry:
         return False
 
     def _problem(self, w: Worker) -> str | None:
+        if w.refused is not None:
+            return (
+                f"worker {w.url} refuses the router's requests (HTTP {w.refused}): give the "
+                "router its key with --worker-api-key (the worker's --api-key)"
+            )
         if w.role is Role.PREFILL and w.bootstrap_port is None and w.probed:
             return (
                 f"prefill {w.url} reports no disaggregation_bootstrap_port in /server_info; "
@@ -337,10 +379,15 @@ class WorkerRegistry:
         ok = False
         try:
             timeout = aiohttp.ClientTimeout(total=self.health_timeout)
-            async with self.session.get(w.url + "/health", timeout=timeout) as resp:
+            async with self.session.get(
+                w.url + "/health", timeout=timeout, headers=self.headers
+            ) as resp:
                 ok = resp.status == 200
                 await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            if is_local(e):  # the router is out of file descriptors: nothing about the worker
+                log.warning("health check of %s skipped: %s", w.url, e)
+                return
             ok = False
         if ok and not w.healthy:
             # It may have restarted with other settings: read them again before admitting it.
@@ -354,7 +401,7 @@ class WorkerRegistry:
     async def _poll_one(self, w: Worker) -> None:
         try:
             data = await self._get_json(w.url + "/v1/loads")
-        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError, _Refused):
             data = None
         loads = data.get("loads") if isinstance(data, dict) else None
         if not isinstance(loads, list):

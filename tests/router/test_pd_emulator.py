@@ -104,7 +104,7 @@ async def test_prefill_withholding_its_kv_gives_the_client_an_error() -> None:
                     assert b'"error"' in raw and b"KV transfer timed out" in raw
                 else:
                     assert r.status == 500
-                    assert "KV transfer timed out" in orjson.loads(raw)["message"]
+                    assert "KV transfer timed out" in orjson.loads(raw)["error"]["message"]
             # The fault is spent: the next request is served.
             async with s.post(url + "/v1/chat/completions", json=body) as r:
                 assert r.status == 200

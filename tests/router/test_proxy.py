@@ -144,7 +144,8 @@ async def test_last_try_returns_the_workers_own_5xx(
         body = {"model": "fake-model", "messages": MESSAGES}
         async with s.post(router.url + "/v1/chat/completions", json=body) as resp:
             assert resp.status == 503
-            assert (await resp.json()) == {"error": "injected"}
+            # The worker's message, in OpenAI's error shape (as every error the client sees).
+            assert (await resp.json())["error"]["message"] == "injected"
             assert resp.headers["x-smetric-worker"] in (a.url, b.url)
     assert len(a.bodies) == len(b.bodies) == 1  # one try each, then the answer as it was
 

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from smetric_router.router.upstream import Lost, Unreachable, Upstream
+from smetric_router.router.upstream import (
+    LocalError,
+    Lost,
+    Reset,
+    Stalled,
+    Timeouts,
+    Unreachable,
+    Upstream,
+)
 
 # Reads one request head and body, then writes the scripted reply in pieces (None: pause).
 Script = list[bytes | None]
@@ -113,11 +122,12 @@ async def test_refused_connection_is_unreachable_and_refused() -> None:
     assert e.value.refused
 
 
-async def test_close_before_any_byte_is_unreachable_not_refused(serve: Serve) -> None:
+async def test_close_after_the_request_before_any_byte_is_a_reset(serve: Serve) -> None:
+    # The worker read the request, then went: it may have run it, so this is no "Unreachable"
+    # that the proxy could send elsewhere.
     url = await serve([[]])  # reads the request, answers nothing, closes
-    with pytest.raises(Unreachable) as e:
+    with pytest.raises(Reset):
         await Upstream(connect_timeout=5).post(url, "/", b"", b"{}", 5)
-    assert not e.value.refused
 
 
 async def test_close_inside_the_body_is_lost(serve: Serve) -> None:
@@ -152,4 +162,103 @@ async def test_idle_connection_closed_by_the_worker_is_not_reused(serve: Serve) 
     assert await (await up.post(url, "/", b"", b"{}", 5)).read() == b"a"
     await asyncio.sleep(0.05)  # the worker closed its side of the idle connection
     assert await (await up.post(url, "/", b"", b"{}", 5)).read() == b"b"
+    up.close()
+
+
+# issue 12: bounds on a silent worker, the connection bound, stale keep-alive, local errors ------
+
+CHUNKED = OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+
+
+async def test_first_byte_bound_covers_head_and_first_body_byte(serve: Serve) -> None:
+    bound = Timeouts(total=5, first_byte=0.08)
+    url = await serve([[None, None, None, CHUNKED + b"1\r\na\r\n0\r\n\r\n"]])
+    with pytest.raises(Stalled) as e:  # no head in time
+        await Upstream(connect_timeout=5).post(url, "/", b"", b"{}", bound)
+    assert e.value.first_byte and "0.08 s" in str(e.value)
+    url = await serve([[CHUNKED, None, None, None, b"1\r\na\r\n0\r\n\r\n"]])
+    resp = await Upstream(connect_timeout=5).post(url, "/", b"", b"{}", bound)
+    with pytest.raises(Stalled):  # a head, then silence: a stream whose first token never came
+        await resp.readany()
+
+
+async def test_idle_bound_trips_on_silence_only(serve: Serve) -> None:
+    bound = Timeouts(total=5, first_byte=5, idle=0.12)
+    # Steady chunks 0.05 s apart, longer in all than the idle bound: never tripped.
+    steady: Script = [CHUNKED]
+    for _ in range(5):
+        steady += [b"1\r\na\r\n", None]
+    url = await serve([[*steady, b"0\r\n\r\n"]])
+    resp = await Upstream(connect_timeout=5).post(url, "/", b"", b"{}", bound)
+    assert await resp.read() == b"aaaaa"
+    url = await serve([[CHUNKED, b"1\r\na\r\n", None, None, None, None, b"1\r\nb\r\n0\r\n\r\n"]])
+    resp = await Upstream(connect_timeout=5).post(url, "/", b"", b"{}", bound)
+    assert await resp.readany() == b"a"
+    with pytest.raises(Stalled) as e:
+        await resp.readany()
+    assert not e.value.first_byte
+
+
+async def test_requests_past_the_connection_bound_queue_for_a_slot(serve: Serve) -> None:
+    slow: Script = [OK_HEAD + b"Content-Length: 2\r\n\r\nx", None, None, b"y"]
+    url = await serve([slow, [b"close"]])
+    url2 = await serve([[b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nz"]])
+    up = Upstream(connect_timeout=5, max_connections=1)
+    first = await up.post(url, "/", b"", b"{}", 5)
+    second = asyncio.create_task(up.post(url2, "/", b"", b"{}", 5))
+    await asyncio.sleep(0)
+    while not up.waiting():
+        await asyncio.sleep(0.005)
+    assert up.open == 1 and not second.done()
+    assert await first.read() == b"xy"  # its connection goes idle, then closes for the waiter
+    assert await (await second).read() == b"z"
+    assert up.open == 1 and up.waiting() == 0
+    up.close()
+
+
+async def test_waiting_for_a_slot_past_the_deadline_is_a_local_error(serve: Serve) -> None:
+    url = await serve([[OK_HEAD + b"Content-Length: 1\r\n\r\n", None, None, None, b"x"]])
+    up = Upstream(connect_timeout=5, max_connections=1)
+    first = await up.post(url, "/", b"", b"{}", 5)
+    with pytest.raises(LocalError):
+        await up.post(url, "/", b"", b"{}", Timeouts(total=5, first_byte=0.05))
+    assert up.waiting() == 0
+    assert await first.read() == b"x"
+    up.close()
+
+
+async def test_stale_idle_connection_is_not_reused(serve: Serve) -> None:
+    one = [b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na"]
+    url = await serve([one, [b"close"], one])
+    up = Upstream(connect_timeout=5, max_idle_secs=0.05)
+    assert await (await up.post(url, "/", b"", b"{}", 5)).read() == b"a"
+    await asyncio.sleep(0.1)  # idle past max_idle_secs (a worker may be closing it right now)
+    assert await (await up.post(url, "/", b"", b"{}", 5)).read() == b"a"
+    assert len(serve.seen) == 2  # type: ignore[attr-defined]
+    up.close()
+
+
+async def test_out_of_descriptors_is_a_local_error_and_frees_its_slot(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one = [b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na"]
+    url = await serve([one, one])  # keeps its connection open for a second request
+    other = await serve([])  # never reached: no descriptor for it
+    loop = asyncio.get_running_loop()
+    real = loop.create_connection
+    failures = [3]  # the first tries find no descriptor; then one is freed
+
+    async def connect(*args: object, **kw: object) -> object:
+        if failures[0]:
+            failures[0] -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return await real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "create_connection", connect)
+    up = Upstream(connect_timeout=5, max_connections=4)
+    assert await (await up.post(url, "/", b"", b"{}", 5)).read() == b"a"  # retried in time
+    failures[0] = 1000
+    with pytest.raises(LocalError, match="Too many open files"):
+        await up.post(other, "/", b"", b"{}", Timeouts(total=0.2))
+    assert up.open == 1  # the pooled connection only; the failed one gave its slot back
     up.close()
