@@ -193,6 +193,10 @@ async def _body(request: web.Request) -> Json:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"JSON decode error: {exc}", validation=True) from exc
+    except web.RequestPayloadError as exc:  # a body that fails its Content-Encoding
+        raise BadRequest(
+            f"JSON decode error: {' '.join(str(exc).split())}", validation=True
+        ) from exc
     if not isinstance(body, dict):
         raise BadRequest("Input should be a valid dictionary", validation=True)
     return body
@@ -474,6 +478,8 @@ def _generate_prompt(em: Emulator, body: Json) -> tuple[list[int], int, bool]:
     if text is not None and not isinstance(text, str):
         raise BadRequest("the emulator serves one prompt per request: text must be a string")
     prompt = em.codec.encode_prompt(text) if isinstance(text, str) else _token_ids(ids, "input_ids")
+    if not prompt:  # "" tokenizes to nothing; the engine takes no empty prompt
+        raise BadRequest("text is empty")
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise BadRequest("sampling_params: Input should be a valid dictionary", validation=True)

@@ -147,10 +147,12 @@ def _peek(message: object) -> int:
     """A cheap fingerprint of a raw message (bounded work; equality is checked separately)."""
     if type(message) is not dict:
         return 0
-    content = message.get("content")
+    content, role = message.get("content"), message.get("role")
+    if type(role) is not str:  # any JSON from a client, maybe unhashable: validated later
+        role = type(role).__name__
     if type(content) is str:
-        return hash((message.get("role"), len(content), content[:_PEEK], content[-_PEEK:]))
-    return hash((message.get("role"), len(message), type(content).__name__))
+        return hash((role, len(content), content[:_PEEK], content[-_PEEK:]))
+    return hash((role, len(message), type(content).__name__))
 
 
 class ChatPrompts:

@@ -25,6 +25,7 @@ from smetric_router.router.auth import auth_middleware
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
 from smetric_router.router.errors import RouterError, bad_request, no_worker
+from smetric_router.router.http_guards import add_catch_all, expect_continue, quiet_client_faults
 from smetric_router.router.kv import KvFeeds
 from smetric_router.router.limits import upstream_connection_limit
 from smetric_router.router.metrics import STREAM_ERROR, L3Sample, RouterMetrics, WorkerSample
@@ -278,6 +279,9 @@ async def read_json_object(request: web.Request, limit: int) -> tuple[bytes, dic
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(limit) from None
+    except web.RequestPayloadError as e:  # e.g. a body that fails its Content-Encoding
+        why = " ".join(str(e).split())
+        raise bad_request(f"We could not read the body of your request: {why}") from None
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -466,6 +470,8 @@ async def handle_prefix_match(request: web.Request) -> web.Response:
                 l3.append(await state.router.l3_lookup(f, model))
     except RouterError as e:
         return e.response()
+    except FeatureError as e:  # ids a /generate would be refused for (empty, out of range)
+        return bad_request(str(e), param="input_ids").response()
     out: dict[str, Any] = {"page_size": page_size, "results": results}
     if state.l3 is not None:
         out["l3"] = l3  # per prompt: leading tokens in the global tier, null = unknown
@@ -579,19 +585,26 @@ def build_app(state: RouterState) -> web.Application:
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
+    # every route gets the Expect handler that cannot fail (http_guards)
+    guard = expect_continue
     for endpoint in Endpoint:
-        app.router.add_post(endpoint.value, generation_handler(endpoint))
-    app.router.add_put(Endpoint.GENERATE.value, generation_handler(Endpoint.GENERATE))
-    app.router.add_get("/v1/models", handle_models)
-    app.router.add_get("/health", handle_health)
-    app.router.add_get("/liveness", handle_health)
-    app.router.add_get("/readiness", handle_readiness)
-    app.router.add_get("/metrics", handle_metrics)
-    app.router.add_get("/workers", handle_list_workers)
-    app.router.add_post("/workers", handle_add_worker)
-    app.router.add_delete("/workers", handle_remove_worker)
-    app.router.add_post("/flush_cache", handle_flush_cache)  # POST only: a link cannot flush
-    app.router.add_post("/smetric/prefix_match", handle_prefix_match)
+        app.router.add_post(endpoint.value, generation_handler(endpoint), expect_handler=guard)
+    app.router.add_put(
+        Endpoint.GENERATE.value, generation_handler(Endpoint.GENERATE), expect_handler=guard
+    )
+    app.router.add_get("/v1/models", handle_models, expect_handler=guard)
+    app.router.add_get("/health", handle_health, expect_handler=guard)
+    app.router.add_get("/liveness", handle_health, expect_handler=guard)
+    app.router.add_get("/readiness", handle_readiness, expect_handler=guard)
+    app.router.add_get("/metrics", handle_metrics, expect_handler=guard)
+    app.router.add_get("/workers", handle_list_workers, expect_handler=guard)
+    app.router.add_post("/workers", handle_add_worker, expect_handler=guard)
+    app.router.add_delete("/workers", handle_remove_worker, expect_handler=guard)
+    # POST only: a link cannot flush
+    app.router.add_post("/flush_cache", handle_flush_cache, expect_handler=guard)
+    app.router.add_post("/smetric/prefix_match", handle_prefix_match, expect_handler=guard)
+    add_catch_all(app)
+    quiet_client_faults()
     return app
 
 
@@ -599,5 +612,6 @@ def metrics_app(state: RouterState) -> web.Application:
     """The --prometheus-port server: /metrics only."""
     app = web.Application()
     app[STATE] = state
-    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/metrics", handle_metrics, expect_handler=expect_continue)
+    add_catch_all(app)
     return app

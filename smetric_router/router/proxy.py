@@ -71,10 +71,14 @@ DROP_RESPONSE = _HOP_BY_HOP | {"date", "server"}
 STREAM_CUT: web.RequestKey[bool] = web.RequestKey("smetric_stream_cut", bool)
 
 
+# aiohttp has already decoded the body the router forwards; router/auth.py decides what the
+# worker gets for Authorization (upstream_auth_line).
+_NOT_FORWARDED = _HOP_BY_HOP | {"content-encoding", "authorization"}
+
+
 def _forwarded(name: str) -> bool:
-    """Whether a client's request header (lower-case name) goes on to the worker. Not its
-    Authorization: router/auth.py decides what the worker gets (upstream_auth_line)."""
-    return name not in _HOP_BY_HOP and name != "authorization" and not name.startswith("x-smetric-")
+    """Whether a client's request header (lower-case name) goes on to the worker."""
+    return name not in _NOT_FORWARDED and not name.startswith("x-smetric-")
 
 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
