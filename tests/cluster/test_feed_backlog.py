@@ -31,9 +31,14 @@ DEADLINE_S = 5.0  # a feed that reads one batch per turn needs BURST * TURN_S = 
 
 
 def stored(hashes: list[int], parent: int | None) -> BlockStored:
-    return BlockStored(block_hashes=hashes, parent_block_hash=parent,
-                       token_ids=list(range(PAGE * len(hashes))), block_size=PAGE,
-                       lora_id=None, medium=GPU)  # fmt: skip
+    return BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=parent,
+        token_ids=list(range(PAGE * len(hashes))),
+        block_size=PAGE,
+        lora_id=None,
+        medium=GPU,
+    )
 
 
 async def until(cond: Callable[[], bool], what: str, timeout_s: float) -> float:
@@ -49,8 +54,14 @@ async def until(cond: Callable[[], bool], what: str, timeout_s: float) -> float:
 @pytest.fixture
 async def worker() -> AsyncIterator[tuple[str, KvEventPublisher]]:
     pub = KvEventPublisher("tcp://127.0.0.1:*", None, topic="kv")
-    kv = {"publisher": "zmq", "endpoint_host": "127.0.0.1", "topic": "kv", "block_size": PAGE,
-          "endpoint_port_base": int(pub.endpoint.rsplit(":", 1)[1]), "dp_size": 1}  # fmt: skip
+    kv = {
+        "publisher": "zmq",
+        "endpoint_host": "127.0.0.1",
+        "topic": "kv",
+        "block_size": PAGE,
+        "endpoint_port_base": int(pub.endpoint.rsplit(":", 1)[1]),
+        "dp_size": 1,
+    }
 
     async def info(_: web.Request) -> web.Response:
         return web.json_response({"page_size": PAGE, "kv_events": kv})
@@ -91,8 +102,11 @@ async def test_busy_loop_keeps_up_with_a_burst_of_batches(
         busy = asyncio.create_task(hog())
         for i in range(BURST):
             pub.publish([stored([10 * i + 1, 10 * i + 2], None)])
-        took = await until(lambda: feed.last_seq == pub.next_seq - 1,
-                           f"{BURST} batches applied under a busy loop", DEADLINE_S)  # fmt: skip
+        took = await until(
+            lambda: feed.last_seq == pub.next_seq - 1,
+            f"{BURST} batches applied under a busy loop",
+            DEADLINE_S,
+        )
         last = [10 * (BURST - 1) + 1, 10 * (BURST - 1) + 2]
         assert index.match(last, PAGE)[url] == (2 * PAGE, 2 * PAGE)
         assert feed.state().resets == 0, "no batch was lost on the way"
