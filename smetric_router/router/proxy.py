@@ -367,6 +367,9 @@ class _HeldHeaders(web.StreamResponse):
     _send_headers_immediately = False
 
 
+_DONE = b"data: [DONE]\n\n"  # OpenAI's end of stream (SGLang's too)
+
+
 async def copy_stream(
     out: web.StreamResponse,
     content: Body,
@@ -392,6 +395,11 @@ async def copy_stream(
                 except TimeoutError:
                     raise Stalled(f"the worker sent nothing for {idle:g} s", False) from None
         except (aiohttp.ClientError, UpstreamError, asyncio.TimeoutError) as e:
+            if tail.endswith(_DONE):
+                # The worker finished the stream and went away before closing it (killed after
+                # its last event): the client has the whole answer, so no error event after it.
+                await out.write_eof()
+                return None
             why = str(e) or type(e).__name__
             stalled = isinstance(e, (Stalled, asyncio.TimeoutError))
             log.warning("stream from %s %s: %s", upstream, "stalled" if stalled else "lost", why)
@@ -424,6 +432,6 @@ async def copy_stream(
             await out.write_eof(chunk)
             return None
         await out.write(chunk)
-        tail = (tail + chunk)[-2:]
+        tail = (tail + chunk)[-len(_DONE) :]
     await out.write_eof()
     return None

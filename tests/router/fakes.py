@@ -34,6 +34,7 @@ class FakeWorker:
         self.fail_next = 0  # answer the next n generation requests with 503, before any byte
         self.die_mid_stream_next = 0  # cut the connection after the first stream chunk
         self.cut_event = False  # when cutting, send only half of the second event first
+        self.die_after_done_next = 0  # send the whole stream, then cut before its chunked end
         self.stall = False  # accept generation requests and answer only after `release`
         self.hold_stream = False  # after the first chunk, wait for `release` before finishing
         self.release = asyncio.Event()
@@ -161,5 +162,10 @@ class FakeWorker:
             await self.release.wait()
         for c in chunks[1:]:
             await resp.write(c)
+        if self.die_after_done_next > 0:  # killed after its last event, before closing
+            self.die_after_done_next -= 1
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
         await resp.write_eof()
         return resp

@@ -184,6 +184,23 @@ async def test_worker_lost_mid_stream_ends_with_error_then_done(
     await eventually(lambda: router.state.registry.workers[w.url].inflight == 0)
 
 
+async def test_worker_lost_after_its_done_event_leaves_the_stream_complete(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    # Found by the soak (benchmarks/soak.py): a worker killed between its [DONE] and the end of
+    # the chunked body made the router append an error event and a second [DONE].
+    w = await make_worker("a")
+    w.die_after_done_next = 1
+    router = await make_router([w.url])
+    async with aiohttp.ClientSession() as s:
+        url = router.url + "/generate"
+        async with s.post(url, json={"text": "hello", "stream": True}) as resp:
+            raw = await resp.read()
+    events = [e for e in raw.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]" and events.count(b"data: [DONE]") == 1
+    assert all(b'"error"' not in e for e in events)
+
+
 async def test_client_leaving_mid_stream_releases_the_worker(
     make_worker: MakeWorker, make_router: MakeRouter
 ) -> None:
