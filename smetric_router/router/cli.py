@@ -24,7 +24,7 @@ from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.policies import PolicyParams, policy_names
 from smetric_router.router.auth import describe
 from smetric_router.router.config import CACHE_VIEWS, L3_VIEWS, RouterConfig
-from smetric_router.router.limits import limit_malloc_arenas, raise_open_files_limit
+from smetric_router.router.limits import raise_open_files_limit
 
 if TYPE_CHECKING:
     from smetric_router.router.app import RouterState
@@ -685,7 +685,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     raise_open_files_limit()  # before any connection: the limit bounds them all
-    limit_malloc_arenas()  # before any thread (router/limits.py says why)
     try:
         try:
             import uvloop

@@ -8,19 +8,10 @@ start, and keeps half of it for connections to workers unless told otherwise.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import resource
 
 log = logging.getLogger(__name__)
-
-# glibc's mallopt parameter (malloc.h). The router's threads (feature extraction, asyncio's
-# getaddrinfo executor, libzmq's I/O thread) would each get a malloc arena of their own, and each
-# arena keeps what it once held: benchmarks/soak.py measured router RSS 126 -> 152 MB over 200K
-# requests with a worker restarted every 30 s, against 131 -> 135 MB with two arenas.
-_M_ARENA_MAX = -8
-ROUTER_MALLOC_ARENAS = 2
 
 # --max-upstream-connections 0 (auto): half the open-file limit, within these bounds.
 AUTO_MIN, AUTO_MAX = 64, 16384
@@ -39,18 +30,6 @@ def raise_open_files_limit() -> int:
         return soft
     log.info("open-file limit raised from %d to the hard limit %d", soft, hard)
     return hard
-
-
-def limit_malloc_arenas(arenas: int = ROUTER_MALLOC_ARENAS) -> bool:
-    """Cap glibc's malloc arenas (before threads start); False where not applied: another C
-    library, or MALLOC_ARENA_MAX set by the operator (theirs wins)."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_ARENA_MAX, arenas))
 
 
 def upstream_connection_limit(configured: int) -> int:
