@@ -101,3 +101,11 @@ def sse_error_event(message: str, code: str = "worker_lost") -> bytes:
     """The closing event of a stream whose worker went away, followed by the terminator."""
     body = error_body(message, type_="server_error", code=code)
     return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
+
+
+def worker_error_reply(status: int, body: bytes, content_type: str) -> tuple[bytes, str]:
+    """(body, content type) to send for a worker's reply: error replies (status >= 400) in
+    OpenAI's shape (openai_error_body), anything else as it came."""
+    if status >= 400 and (fixed := openai_error_body(status, body)) is not None:
+        return fixed, "application/json"
+    return body, content_type

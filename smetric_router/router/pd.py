@@ -40,21 +40,22 @@ from multidict import CIMultiDict
 
 from smetric_router.core.types import RequestFeatures
 from smetric_router.router.auth import upstream_auth_header
-from smetric_router.router.errors import RouterError, bad_request, openai_error_body
+from smetric_router.router.errors import RouterError, bad_request, worker_error_reply
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.proxy import (
     DROP_RESPONSE,
     REASON_HEADER,
-    STREAM_CUT,
     WORKER_HEADER,
     copy_stream,
     forward_headers,
     hit_headers,
     local_error,
+    note_cut,
+    reset_error,
     stalled_error,
 )
 from smetric_router.router.routing import Routed, Router
-from smetric_router.router.upstream import LocalError, Stalled, Upstream, is_local
+from smetric_router.router.upstream import LocalError, Upstream, is_local
 from smetric_router.router.workers import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -100,9 +101,7 @@ class _Failed:
 
 def _worker_error(status: int, body: bytes, content_type: str, pair: Pair) -> web.Response:
     """A worker's own error reply, in OpenAI's shape."""
-    fixed = openai_error_body(status, body)
-    if fixed is not None:
-        body, content_type = fixed, "application/json"
+    body, content_type = worker_error_reply(status, body, content_type)
     headers = {**pair.headers(), "Content-Type": content_type}
     return web.Response(status=status, body=body, headers=headers)
 
@@ -251,15 +250,8 @@ class PdProxy:
         if failed.status is not None:  # the worker's own answer, as colocated routing does
             return _worker_error(failed.status, failed.body, failed.content_type, pair)
         if not failed.retry:
-            raise RouterError(
-                502,
-                f"{failed.side.value} worker {failed.worker} dropped the request after "
-                f"accepting it ({failed.why}); not retried on another worker, as the request "
-                "may be what brought it down (--retry-on-reset retries)",
-                type_="server_error",
-                code="worker_reset",
-                headers=pair.headers(),
-            )
+            who = f"{failed.side.value} worker {failed.worker}"
+            raise reset_error(who, failed.why, pair.headers())
         raise RouterError(
             502,
             f"{failed.side.value} worker {failed.worker} failed ({failed.why}) "
@@ -286,26 +278,19 @@ class PdProxy:
         first_at = None
         if stream and self.first_byte_timeout is not None:
             first_at = loop.time() + self.first_byte_timeout
-        slots = 0
-        if self.slots is not None:  # a connection to each side
-            total = self.timeout.total
-            deadline = first_at or (loop.time() + total if total else None)
-            try:
+        slots = 0  # taken from self.slots: a connection to each side
+        try:
+            if self.slots is not None:
+                total = self.timeout.total
+                deadline = first_at or (loop.time() + total if total else None)
                 for _ in range(2):
                     await self.slots.take_slot(loop, deadline)
                     slots += 1
-            except LocalError as e:
-                for _ in range(slots):
-                    self.slots.slot_freed()
-                raise local_error(str(e), pair.headers()) from None
-            except BaseException:
-                for _ in range(slots):
-                    self.slots.slot_freed()
-                raise
-        try:
             return await self._attempt_with_slots(
                 request, path, payload, headers, pair, prefill, decode, started, label, first_at
             )
+        except LocalError as e:  # only take_slot raises it: the bound stayed full
+            raise local_error(str(e), pair.headers()) from None
         finally:
             if self.slots is not None:
                 for _ in range(slots):
@@ -474,9 +459,10 @@ class PdProxy:
         )
         headers.update(pair.headers())
         if resp.content_type != "text/event-stream" or resp.status >= 400:
-            if resp.status >= 400 and (fixed := openai_error_body(resp.status, first)) is not None:
-                first = fixed
-                headers["Content-Type"] = "application/json"
+            if resp.status >= 400:
+                first, headers["Content-Type"] = worker_error_reply(
+                    resp.status, first, headers.get("Content-Type", "application/octet-stream")
+                )
             return web.Response(status=resp.status, body=first, headers=headers)
         out = web.StreamResponse(status=resp.status, headers=headers)
         await out.prepare(request)
@@ -485,8 +471,5 @@ class PdProxy:
         cut = await copy_stream(
             out, resp.content, decode.url, self.metrics, tail, idle=self.stream_idle_timeout
         )
-        if cut is not None:
-            request[STREAM_CUT] = True
-            if isinstance(cut, Stalled):
-                self.registry.mark_failed(decode, str(cut))
+        note_cut(request, self.registry, decode, cut)
         return out

@@ -27,7 +27,7 @@ from multidict import CIMultiDict
 
 from smetric_router.router.auth import upstream_auth_line
 from smetric_router.router.drain import SHUTDOWN_CODE, take_ended
-from smetric_router.router.errors import RouterError, openai_error_body, sse_error_event
+from smetric_router.router.errors import RouterError, sse_error_event, worker_error_reply
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.routing import Routed, Router
 from smetric_router.router.upstream import (
@@ -149,11 +149,12 @@ def stalled_error(worker: str, why: str, headers: Mapping[str, str]) -> RouterEr
     )
 
 
-def reset_error(worker: str, why: str, headers: Mapping[str, str]) -> RouterError:
+def reset_error(who: str, why: str, headers: Mapping[str, str]) -> RouterError:
+    """`who`: "worker URL" (or "prefill worker URL" under PD)."""
     return RouterError(
         502,
-        f"worker {worker} dropped the request after accepting it ({why}); not retried on "
-        "another worker, as the request may be what brought it down (--retry-on-reset retries)",
+        f"{who} dropped the request after accepting it ({why}); not retried on another "
+        "worker, as the request may be what brought it down (--retry-on-reset retries)",
         type_="server_error",
         code="worker_reset",
         headers=headers,
@@ -267,7 +268,7 @@ class Proxy:
             self.registry.mark_failed(worker, str(e))
             if self.retry_on_reset and not last:
                 return str(e), None
-            raise reset_error(worker.url, str(e), decision_headers(routed)) from None
+            raise reset_error(f"worker {worker.url}", str(e), decision_headers(routed)) from None
         except LocalError as e:
             worker.inflight -= 1
             raise local_error(str(e), decision_headers(routed)) from None
@@ -330,9 +331,10 @@ class Proxy:
                 code="worker_lost",
                 headers=decision_headers(routed),
             ) from None
-        if resp.status >= 400 and (rewritten := openai_error_body(resp.status, body)) is not None:
-            body = rewritten
-            headers["Content-Type"] = "application/json"
+        if resp.status >= 400:
+            body, headers["Content-Type"] = worker_error_reply(
+                resp.status, body, headers.get("Content-Type", "application/octet-stream")
+            )
         return web.Response(status=resp.status, body=body, headers=headers)
 
     async def _stream(
@@ -354,10 +356,7 @@ class Proxy:
             self.metrics.first_byte(label, time.perf_counter() - started)
 
         cut = await copy_stream(out, resp, worker.url, self.metrics, on_first=first)
-        if cut is not None:
-            request[STREAM_CUT] = True
-            if isinstance(cut, Stalled):
-                self.registry.mark_failed(worker, str(cut))
+        note_cut(request, self.registry, worker, cut)
         return out
 
 
@@ -365,6 +364,16 @@ class _HeldHeaders(web.StreamResponse):
     # aiohttp's switch (web.Response's default) to hold the headers until the first body write;
     # an aiohttp without it sends them at once, as StreamResponse does.
     _send_headers_immediately = False
+
+
+def note_cut(
+    request: web.Request, registry: WorkerRegistry, worker: Worker, cut: BaseException | None
+) -> None:
+    """After copy_stream: a cut stream counts as a stream_error; a stalled worker is failed."""
+    if cut is not None:
+        request[STREAM_CUT] = True
+        if isinstance(cut, Stalled):
+            registry.mark_failed(worker, str(cut))
 
 
 _DONE = b"data: [DONE]\n\n"  # OpenAI's end of stream (SGLang's too)
