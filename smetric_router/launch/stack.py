@@ -44,6 +44,11 @@ from smetric_router.launch.spec import ClusterSpec
 
 log = logging.getLogger("smetric_router.launch")
 
+
+class ChildExited(RuntimeError):
+    """A child exited before it was ready."""
+
+
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 # Restarts: the first after RESTART_BASE_S, doubling while the child dies within STABLE_S of its
@@ -51,6 +56,9 @@ STOP_TIMEOUT_S = 15.0
 RESTART_BASE_S = 0.5
 RESTART_CAP_S = 30.0
 STABLE_S = 10.0
+# Workers whose ports the launcher chose (real SGLang cannot report its own) are started again on
+# fresh ports when one dies during start-up: another listener may have taken a port in between.
+START_ATTEMPTS = 3
 FAILING_AFTER = 5  # quick deaths in a row after which the child is reported as failing
 READY_POLL_S = 1.0  # how often a restarted child's readiness is checked (for the log)
 # The flags a port reported under each name is given with, to pin it on a restart.
@@ -207,6 +215,27 @@ class Stack:
 
     def start_workers(self) -> None:
         self.start_mooncake()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start_workers_once()
+                return
+            except ChildExited as e:
+                if attempt == START_ATTEMPTS or not self._ports_chosen_here():
+                    raise
+                log.warning(
+                    "%s; its ports were chosen free before it bound them and may have been taken "
+                    "since: starting the workers again on fresh ports (attempt %d of %d)",
+                    e, attempt + 1, START_ATTEMPTS,
+                )  # fmt: skip
+                self._stop([c for c in self.children if c.proc is not None and c.name != MASTER])
+                self.children = [c for c in self.children if c.name == MASTER]
+
+    def _ports_chosen_here(self) -> bool:
+        return self.spec.workers.base_port == 0 and any(
+            w.local and not w.reports_ports for w in self.workers
+        )
+
+    def _start_workers_once(self) -> None:
         self.workers = plan_workers(self.spec)
         started = []
         for w in self.workers:
@@ -236,7 +265,7 @@ class Stack:
         start = time.monotonic()
         while (ports := read_port_file(child.port_file)) is None:
             if child.proc.poll() is not None:
-                raise RuntimeError(
+                raise ChildExited(
                     f"{child.name} exited with code {child.proc.returncode} during start-up"
                 )
             if time.monotonic() - start > child.ready_timeout_s:
@@ -252,7 +281,7 @@ class Stack:
         while pending:
             for c in list(pending):
                 if c.proc is not None and c.proc.poll() is not None:
-                    raise RuntimeError(
+                    raise ChildExited(
                         f"{c.name} exited with code {c.proc.returncode} during start-up"
                     )
                 try:
