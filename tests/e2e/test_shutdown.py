@@ -6,8 +6,11 @@ replica drains the same way."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -199,3 +202,62 @@ async def test_each_replica_drains(replicated: Stack) -> None:
             _assert_ended_by_shutdown(await s.ended())
     assert await _wait_exit(router, GRACE_S + EXIT_BOUND_S) == 0
     assert not [p for p in replicas if _alive(p)]
+
+
+@pytest.fixture
+def fast() -> Iterator[Stack]:
+    spec = ClusterSpec(
+        router=RouterSpec(port=0, extra_args=(*ROUTER_ARGS, "--shutdown-grace-secs", str(GRACE_S))),
+        workers=WorkerSpec(count=1, speedup=200.0),
+    )
+    with Stack(spec) as s:
+        yield s
+
+
+def _router_sending(proc: subprocess.Popen[bytes]) -> int:
+    """Bytes the router's sockets hold unsent (the kernel's send queues), from /proc."""
+    inodes = set()
+    fd_dir = f"/proc/{proc.pid}/fd"
+    for fd in os.listdir(fd_dir):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"{fd_dir}/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    queued = 0
+    with open(f"/proc/{proc.pid}/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if cols[9] in inodes:
+                queued += int(cols[4].split(":")[0], 16)  # tx_queue
+    return queued
+
+
+async def test_a_client_that_stops_reading_does_not_hold_the_shutdown(fast: Stack) -> None:
+    """The grace also ends a stream the router is stuck writing to (its client reads nothing):
+    the router exits within the bound instead of waiting on the client for ever."""
+    host, port = fast.url.removeprefix("http://").split(":")
+    body = json.dumps(_chat(200_000, True)).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    sock.connect((host, int(port)))
+    try:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        assert sock.recv(1024).startswith(b"HTTP/1.1 200")  # then it reads nothing more
+        router = _router(fast)
+        await eventually(
+            lambda: _async(_router_sending(router) > 64 << 10),
+            "the router's send queue to the client filling up",
+            timeout=30.0,
+        )
+        router.send_signal(signal.SIGTERM)
+        assert await _wait_exit(router, GRACE_S + EXIT_BOUND_S) == 0
+    finally:
+        sock.close()
+
+
+async def _async(value: bool) -> bool:
+    return value
