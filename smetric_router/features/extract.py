@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from smetric_router.core.types import RequestFeatures
-from smetric_router.features import bodies
+from smetric_router.features import anthropic_messages, bodies
 from smetric_router.features.bodies import HINT_FIELD, HISTORY_HEADER, TURN_HEADER, strip_hint
 from smetric_router.features.budget import UNLIMITED, Budget
 from smetric_router.features.chat_prompt import ChatPrompts
@@ -73,6 +73,13 @@ class FeatureExtractor:
             model=bodies.model(body),
             page_digests=prompt.page_digests() if self.keep_digests else b"",
         )
+
+    # -- Anthropic Messages ---------------------------------------------------------------
+
+    def messages_chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The chat body SGLang renders for an Anthropic Messages body (anthropic_messages)."""
+        inline = anthropic_messages.supports_inline_system(self.chat.template)
+        return anthropic_messages.chat_body(body, inline)
 
     # -- raw prompts ------------------------------------------------------------------------
 

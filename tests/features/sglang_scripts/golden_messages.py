@@ -1,0 +1,267 @@
+"""Golden equality for Anthropic Messages: the router's prompt token ids are SGLang 0.5.23's own.
+
+Runs in the CPU SGLang environment. Each generated Messages body (system as a string or blocks,
+inline system messages, text / image / search_result / thinking / redacted_thinking blocks,
+tool_use and tool_result chains with string, block, image and tool_reference results, custom and
+server tools, every tool_choice, output_config.effort) goes through SGLang's own
+AnthropicMessagesRequest and AnthropicServing._convert_to_chat_completion_request on a stand-in
+OpenAIServingChat (golden_chat.Sglang: no reasoning or tool-call parser) and its
+_process_messages; the router's FeatureExtractor.messages_chat + from_chat must give the same
+ids and page hashes, turn = the assistant messages, or refuse what SGLang refuses.
+
+    python golden_messages.py CONFIG [--examples N] [--seed S]
+
+CONFIG as golden_chat.py (bundled, tiny-coder, qwen3-thinking). Prints `RESULT <json>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from golden_chat import COLD_PAGE, WARM_PAGE, Golden, name, text
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from sglang.srt.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+from sglang.srt.entrypoints.anthropic.serving import AnthropicServing
+from sglang.srt.parser.template_detection import detect_inline_system_support
+
+from smetric_router.features.errors import FeatureError
+from smetric_router.features.extract import FeatureExtractor
+from smetric_router.features.hashing import page_hashes
+
+# SGLang warns each time it drops a thinking block (no reasoning parser): expected here
+logging.getLogger("sglang.srt.entrypoints.anthropic.serving").setLevel(logging.ERROR)
+
+args = st.dictionaries(name, st.none() | st.booleans() | st.integers(-99, 99) | text, max_size=3)
+image = st.sampled_from(
+    [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+        {"type": "image", "source": {"type": "base64", "data": ""}},
+    ]
+)
+search = st.builds(
+    lambda t, s, c: {"type": "search_result", "title": t, "source": s,
+                     "content": [{"type": "text", "text": c}]},
+    text, st.sampled_from(["https://a.example", "", "doc"]), text,
+)  # fmt: skip
+text_block = st.builds(lambda t: {"type": "text", "text": t}, text)
+
+
+@st.composite
+def tool_result(draw: st.DrawFn, call_id: str) -> dict[str, Any]:
+    inner = st.one_of(
+        text_block,
+        text_block,
+        image,
+        search,
+        st.builds(lambda n: {"type": "tool_reference", "tool_name": n}, name),
+    )
+    content = draw(st.one_of(st.none(), text, st.lists(inner, max_size=4)))
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
+    if content is not None:
+        block["content"] = content
+    if draw(st.booleans()):
+        block["is_error"] = draw(st.booleans())
+    return block
+
+
+@st.composite
+def conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for turn in range(draw(st.integers(1, 4))):
+        user: list[Any] = [draw(tool_result(c)) for c in pending]
+        pending = []
+        extra = st.one_of(text_block, text_block, image, search)
+        user[draw(st.integers(0, len(user))) : 0] = draw(st.lists(extra, max_size=2))
+        if not user or draw(st.integers(0, 5)) == 0:
+            messages.append({"role": "user", "content": draw(text)})
+        else:
+            messages.append({"role": "user", "content": user})
+        if draw(st.integers(0, 6)) == 0:
+            system = draw(st.one_of(text, st.lists(text_block, min_size=1, max_size=2)))
+            messages.append({"role": "system", "content": system})
+            messages.append({"role": "user", "content": draw(text)})
+        reply: list[Any] = []
+        if draw(st.integers(0, 2)) == 0:
+            reply.append({"type": "thinking", "thinking": draw(text), "signature": "sig"})
+        if draw(st.integers(0, 30)) == 0:
+            reply.append({"type": "redacted_thinking", "data": "xx"})
+        reply += draw(st.lists(text_block, max_size=2))
+        if draw(st.integers(0, 8)) == 0:
+            reply.append(draw(tool_result("call_x")))
+        for k in range(draw(st.integers(0, 2))):
+            call_id = f"toolu_{turn}_{k}"
+            call = {"type": "tool_use", "id": call_id, "name": draw(name), "input": draw(args)}
+            reply.append(call)
+            pending.append(call_id)
+        if draw(st.integers(0, 5)) == 0:
+            messages.append({"role": "assistant", "content": draw(text)})
+        else:
+            messages.append({"role": "assistant", "content": reply})
+    if draw(st.integers(0, 4)):  # else: ends with the assistant turn
+        final: list[Any] = [draw(tool_result(c)) for c in pending]
+        if not final or draw(st.booleans()):
+            final.append(draw(text_block))
+        messages.append({"role": "user", "content": final})
+    return messages
+
+
+@st.composite
+def tool(draw: st.DrawFn) -> dict[str, Any]:
+    if draw(st.integers(0, 6)) == 0:
+        return draw(
+            st.sampled_from(
+                [
+                    {"type": "web_search_20250305", "name": "web_search"},
+                    {"type": "bash_20250124", "name": "bash"},
+                ]
+            )
+        )
+    schema: dict[str, Any] = {"properties": {draw(name): {"type": "string"}}}
+    if draw(st.booleans()):
+        schema = {"type": "object", **schema}
+    out: dict[str, Any] = {"name": draw(name), "input_schema": schema}
+    if draw(st.booleans()):
+        out["description"] = draw(text)
+    if draw(st.integers(0, 3)) == 0:
+        out["type"] = "custom"
+    if draw(st.integers(0, 4)) == 0:
+        out["strict"] = draw(st.booleans())
+    return out
+
+
+@st.composite
+def messages_body(draw: st.DrawFn) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "m", "max_tokens": 16, "messages": draw(conversation())}
+    system = draw(
+        st.one_of(st.none(), text, st.lists(st.one_of(text_block, image), min_size=1, max_size=3))
+    )
+    if system is not None:
+        body["system"] = system
+    tools = draw(st.lists(tool(), max_size=3, unique_by=lambda t: t["name"]))
+    if tools:
+        body["tools"] = tools
+    choice = draw(st.sampled_from([None, None, "auto", "any", "none", "tool"]))
+    if choice == "tool":
+        names = [t["name"] for t in tools] or ["missing"]
+        body["tool_choice"] = {"type": "tool", "name": draw(st.sampled_from(names))}
+    elif choice is not None:
+        body["tool_choice"] = {"type": choice}
+    if draw(st.integers(0, 5)) == 0:
+        body["output_config"] = {"effort": draw(st.sampled_from(["low", "high", "xhigh"]))}
+    if draw(st.integers(0, 4)) == 0:
+        body["stream"] = True
+    return body
+
+
+def earlier(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The earlier requests of the session (through each assistant turn's user message), then
+    the body: follow-ups take the extractor's incremental path."""
+    messages = body["messages"]
+    cuts = [k for k in range(1, len(messages)) if messages[k]["role"] == "assistant"]
+    return [*(body | {"messages": messages[:k]} for k in cuts[-2:]), body]
+
+
+class GoldenMessages:
+    def __init__(self, config: str) -> None:
+        self.golden = Golden(config)
+        serving = self.golden.sglang.serving
+        # as OpenAIServingChat.__init__ decides it for a Jinja template
+        serving.supports_inline_system = detect_inline_system_support(
+            self.golden.sglang.tok.chat_template
+        )
+        serving._template_reads_reasoning_content = False
+        self.anthropic = AnthropicServing(serving)
+        self.examples = self.requests = self.refused = 0
+        self.reasons: Counter[str] = Counter()
+        self.inline = serving.supports_inline_system
+
+    def sglang_ids(self, body: dict[str, Any]) -> list[int]:
+        """ValueError when SGLang refuses the body (its 400s)."""
+        try:
+            request = AnthropicMessagesRequest.model_validate(json.loads(json.dumps(body)))
+        except ValidationError as e:
+            raise ValueError(str(e)) from e
+        chat = self.anthropic._convert_to_chat_completion_request(request)
+        result = self.golden.sglang.serving._process_messages(chat, is_multimodal=False)
+        return list(result.prompt_ids)
+
+    def check(self, body: dict[str, Any]) -> None:
+        self.examples += 1
+        warm = self.golden.warm
+        for request in earlier(body):
+            self.requests += 1
+            try:
+                want = self.sglang_ids(request)
+            except ValueError as e:
+                self.refused += 1
+                self.reasons[str(e)[:60]] += 1
+                try:
+                    warm.from_chat(warm.messages_chat(request))
+                except FeatureError:
+                    continue
+                raise AssertionError(f"SGLang refused ({e}) what the router accepted") from e
+            chat = warm.messages_chat(request)
+            f = warm.from_chat(chat)
+            ids = warm.prompt_token_ids(chat)
+            assert ids == want, ("ids differ", request, chat, ids, want)
+            assert list(f.page_hashes) == page_hashes(want, WARM_PAGE)
+            assistants = sum(m["role"] == "assistant" for m in request["messages"])
+            assert f.turn == assistants, (f.turn, assistants)
+            if request is body:
+                cold = FeatureExtractor(self.golden.chat, page_size=COLD_PAGE)
+                got = cold.from_chat(cold.messages_chat(body))
+                assert list(got.page_hashes) == page_hashes(want, COLD_PAGE)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("config")
+    p.add_argument("--examples", type=int, default=500)
+    p.add_argument("--seed", type=int, default=20261201)
+    a = p.parse_args()
+    golden = GoldenMessages(a.config)
+    start = time.perf_counter()
+    failure = None
+    try:
+
+        @seed(a.seed)
+        @settings(max_examples=a.examples, deadline=None, database=None, print_blob=True,
+                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @given(messages_body())
+        def bodies(body: dict[str, Any]) -> None:
+            golden.check(body)
+
+        bodies()
+    except Exception:
+        failure = traceback.format_exc()[-6000:]
+    out = {
+        "config": a.config,
+        "ok": failure is None,
+        "inline_system": golden.inline,
+        "examples": golden.examples,
+        "requests": golden.requests,
+        "refused": golden.refused,
+        "refusals": dict(golden.reasons.most_common(6)),
+        "seconds": round(time.perf_counter() - start, 1),
+        "failure": failure,
+    }
+    print("RESULT " + json.dumps(out))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

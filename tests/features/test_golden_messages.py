@@ -1,0 +1,40 @@
+"""The router's prompt for an Anthropic Messages request is SGLang 0.5.23's own (issue 13).
+
+Runs tests/features/sglang_scripts/golden_messages.py in the CPU SGLang environment: hypothesis
+generates Messages bodies (system strings and blocks, inline system messages, tool_use /
+tool_result chains, thinking and redacted_thinking, images, search results, tool references,
+custom and server tools, every tool_choice) and checks that the chat body the router converts
+each to renders and tokenizes to the ids SGLang's own AnthropicServing conversion and
+OpenAIServingChat give (and the same page hashes, turn = assistant messages), and that the router
+refuses what SGLang refuses. Templates with and without inline system messages are covered.
+
+SMETRIC_GOLDEN_EXAMPLES sets the bodies per configuration (default 500 here).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.sglang_env import run_sglang_script
+
+pytestmark = pytest.mark.sglang
+
+SCRIPT = Path(__file__).parent / "sglang_scripts" / "golden_messages.py"
+EXAMPLES = int(os.environ.get("SMETRIC_GOLDEN_EXAMPLES", "500"))
+
+
+@pytest.mark.parametrize(
+    ("config", "inline_system"),
+    [("bundled", True), ("tiny-coder", True), ("qwen3-thinking", False)],
+)
+def test_router_messages_ids_equal_sglang(config: str, inline_system: bool) -> None:
+    out = run_sglang_script(SCRIPT, config, "--examples", str(EXAMPLES), timeout=1800)
+    assert out["ok"], out["failure"]
+    assert out["inline_system"] is inline_system, out
+    assert out["examples"] >= EXAMPLES, out
+    # most bodies are accepted, and both refusals the router must reproduce occur
+    assert out["requests"] - out["refused"] >= EXAMPLES, out
+    assert any("redacted_thinking" in r for r in out["refusals"]), out
