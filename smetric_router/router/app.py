@@ -21,6 +21,7 @@ from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
+from smetric_router.router import api_messages
 from smetric_router.router.auth import auth_middleware
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
@@ -367,8 +368,12 @@ async def _generate(
     model = _check_model(body, state.registry)
     router = state.router
     try:
-        features = await router.extract(endpoint, body, request.headers, model)
-        probed = await router.probe(body, model)  # None unless --cache-view probe
+        # A Messages request is routed as the chat request SGLang turns it into; sent as it came.
+        seen, kind = body, endpoint
+        if endpoint is Endpoint.MESSAGES:
+            seen, kind = router.features.messages_chat(body), Endpoint.CHAT
+        features = await router.extract(kind, seen, request.headers, model)
+        probed = await router.probe(seen, model)  # None unless --cache-view probe
         l3 = await router.l3_lookup(features, model)  # 0 unless --l3-view
         if strip_hint(body):
             raw = orjson.dumps(body)
@@ -386,6 +391,20 @@ async def _generate(
         return await state.pd.dispatch(request, endpoint.value, body, pair, started, label)
     stream = body.get("stream") is True
     return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, label, stream)
+
+
+async def handle_count_tokens(request: web.Request) -> web.Response:
+    """Anthropic's count_tokens, answered here (router/api_messages.py says why)."""
+    state = request.app[STATE]
+    try:
+        _, body = await read_json_object(request, state.config.max_body_bytes)
+        _check_model(body, state.registry)
+        chat = state.router.features.messages_chat(body)
+        return api_messages.count_tokens_reply(await state.router.prompt_length(chat))
+    except FeatureError as e:
+        return bad_request(str(e)).response()
+    except RouterError as e:
+        return e.response()
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -573,7 +592,8 @@ def _dumps(obj: Any) -> str:
 def build_app(state: RouterState) -> web.Application:
     app = web.Application(
         client_max_size=state.config.max_body_bytes,
-        middlewares=[auth_middleware(state.config.auth())],
+        # outermost first: Anthropic's error shape covers auth's answers too
+        middlewares=[api_messages.error_middleware(), auth_middleware(state.config.auth())],
     )
     app[STATE] = state
 
@@ -592,6 +612,7 @@ def build_app(state: RouterState) -> web.Application:
     app.router.add_put(
         Endpoint.GENERATE.value, generation_handler(Endpoint.GENERATE), expect_handler=guard
     )
+    app.router.add_post(api_messages.COUNT_TOKENS, handle_count_tokens, expect_handler=guard)
     app.router.add_get("/v1/models", handle_models, expect_handler=guard)
     app.router.add_get("/health", handle_health, expect_handler=guard)
     app.router.add_get("/liveness", handle_health, expect_handler=guard)

@@ -27,6 +27,7 @@ from enum import Enum
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from smetric_router.router.api_messages import API_KEY_HEADER, is_messages
 from smetric_router.router.errors import RouterError
 
 log = logging.getLogger(__name__)
@@ -111,13 +112,20 @@ def _forbidden(message: str) -> RouterError:
     return RouterError(403, message, type_="permission_error", code="forbidden")
 
 
+def _anthropic_key(request: web.Request) -> str | None:
+    """The key an Anthropic client (Claude Code) sends in x-api-key, on the Messages paths."""
+    return (request.headers.get(API_KEY_HEADER) or None) if is_messages(request.path) else None
+
+
 def check_inference(policy: AuthPolicy, request: web.Request) -> None:
     if policy.api_key is None:
         return
-    token = _token(request.headers.get("Authorization"))
+    token = _token(request.headers.get("Authorization")) or _anthropic_key(request)
     if token is None:
+        also = " (or 'x-api-key: KEY')" if is_messages(request.path) else ""
         raise _unauthorized(
-            "You didn't provide an API key: send it as the header 'Authorization: Bearer KEY'."
+            "You didn't provide an API key: send it as the header 'Authorization: Bearer KEY'"
+            f"{also}."
         )
     if not _same(token, policy.api_key):
         raise _unauthorized("Incorrect API key provided.")
@@ -166,6 +174,10 @@ def _upstream_line(policy: AuthPolicy, request: web.Request) -> bytes:
         for k, v in request.raw_headers:
             if k.lower() == b"authorization":
                 return b"Authorization: %s\r\n" % v
+        # SGLang's --api-key reads Authorization only: an Anthropic client's key goes as Bearer
+        key = _anthropic_key(request)
+        if key is not None:
+            return b"Authorization: Bearer %s\r\n" % key.encode("latin-1", "replace")
     return b""
 
 

@@ -25,6 +25,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from smetric_router.router.api_messages import API_KEY_HEADER, stream_dialect
 from smetric_router.router.auth import upstream_auth_line
 from smetric_router.router.drain import SHUTDOWN_CODE, take_ended
 from smetric_router.router.errors import RouterError, sse_error_event, worker_error_reply
@@ -72,8 +73,9 @@ STREAM_CUT: web.RequestKey[bool] = web.RequestKey("smetric_stream_cut", bool)
 
 
 # aiohttp has already decoded the body the router forwards; router/auth.py decides what the
-# worker gets for Authorization (upstream_auth_line).
-_NOT_FORWARDED = _HOP_BY_HOP | {"content-encoding", "authorization"}
+# worker gets for Authorization (upstream_auth_line); an Anthropic client's x-api-key is the
+# router's key, never the workers'.
+_NOT_FORWARDED = _HOP_BY_HOP | {"content-encoding", "authorization", API_KEY_HEADER}
 
 
 def _forwarded(name: str) -> bool:
@@ -355,7 +357,8 @@ class Proxy:
         def first() -> None:
             self.metrics.first_byte(label, time.perf_counter() - started)
 
-        cut = await copy_stream(out, resp, worker.url, self.metrics, on_first=first)
+        dialect = stream_dialect(request.path)  # Anthropic's error event on /v1/messages
+        cut = await copy_stream(out, resp, worker.url, self.metrics, on_first=first, **dialect)
         note_cut(request, self.registry, worker, cut)
         return out
 
@@ -387,11 +390,14 @@ async def copy_stream(
     tail: bytes = b"\n\n",
     on_first: Callable[[], None] | None = None,
     idle: float | None = None,
+    error_event: Callable[[str, str], bytes] = sse_error_event,
+    done: bytes = _DONE,
 ) -> BaseException | None:
     """Pass chunks through as they come; a lost or stalled upstream ends the stream with an SSE
     error event and [DONE], and comes back as what ended it (None: the stream ended well).
     `tail`: the last bytes already written (to close a half-written event). `idle`: longest wait
-    for a chunk, for a reader without its own (aiohttp's, under PD)."""
+    for a chunk, for a reader without its own (aiohttp's, under PD). `error_event` and `done`:
+    the API's closing error event and its last event (OpenAI's by default)."""
     while True:
         # Only upstream reads are guarded: a client that went away ends the handler.
         try:
@@ -404,7 +410,7 @@ async def copy_stream(
                 except TimeoutError:
                     raise Stalled(f"the worker sent nothing for {idle:g} s", False) from None
         except (aiohttp.ClientError, UpstreamError, asyncio.TimeoutError) as e:
-            if tail.endswith(_DONE):
+            if tail.endswith(done):
                 # The worker finished the stream and went away before closing it (killed after
                 # its last event): the client has the whole answer, so no error event after it.
                 await out.write_eof()
@@ -416,9 +422,9 @@ async def copy_stream(
             # Close a half-written event first so the error event parses on its own.
             sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
             if stalled:
-                event = sse_error_event(f"worker {upstream} stalled: {why}", "worker_timeout")
+                event = error_event(f"worker {upstream} stalled: {why}", "worker_timeout")
             else:
-                event = sse_error_event(f"worker {upstream} lost mid-stream: {why}")
+                event = error_event(f"worker {upstream} lost mid-stream: {why}", "worker_lost")
             await out.write(sep + event)
             await out.write_eof()
             return e
@@ -428,7 +434,7 @@ async def copy_stream(
                 raise
             sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
             msg = "the router shut down before the stream ended"
-            await out.write(sep + sse_error_event(msg, code=SHUTDOWN_CODE))
+            await out.write(sep + error_event(msg, SHUTDOWN_CODE))
             await out.write_eof()
             return e
         if not chunk:
@@ -441,6 +447,6 @@ async def copy_stream(
             await out.write_eof(chunk)
             return None
         await out.write(chunk)
-        tail = (tail + chunk)[-len(_DONE) :]
+        tail = (tail + chunk)[-len(done) :]
     await out.write_eof()
     return None

@@ -49,6 +49,8 @@ class Endpoint(str, Enum):
     CHAT = "/v1/chat/completions"
     COMPLETION = "/v1/completions"
     GENERATE = "/generate"
+    # Anthropic Messages: routed by the chat body SGLang builds of it (router/api_messages.py)
+    MESSAGES = "/v1/messages"
 
 
 class HitIndex(Protocol):
@@ -110,6 +112,8 @@ class Features(Protocol):
     ) -> RequestFeatures: ...
 
     def prompt_token_ids(self, body: Mapping[str, Any], budget: Budget = ...) -> list[int]: ...
+
+    def messages_chat(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +245,11 @@ class Router:
         if endpoint is Endpoint.COMPLETION:
             return features.from_completion(body, headers, budget)
         return features.from_generate(body, headers, budget)
+
+    async def prompt_length(self, chat: dict[str, Any]) -> int:
+        """A chat body's prompt tokens, as the workers count them (count_tokens: no limits)."""
+        run = functools.partial(self.features.from_chat, chat)
+        return (await self._tokenizing(True, run, Budget(None, INLINE_CHARS))).prompt_len
 
     async def probe(
         self, body: dict[str, Any], model: str | None

@@ -64,6 +64,28 @@ def _generate(**extra: Any) -> dict[str, Any]:
 
 
 USAGE = {"stream_options": {"include_usage": True}}
+TOOLS = [
+    {
+        "name": "read_file",
+        "description": "Read a file",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+    }
+]
+TOOL_TURNS = [
+    {"role": "user", "content": "Fix the test."},
+    {"role": "assistant", "content": [
+        {"type": "text", "text": "Let me look."},
+        {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a.py"}}]},
+    {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "def f(): pass"}]},
+]  # fmt: skip
+
+
+def _messages(**extra: Any) -> dict[str, Any]:
+    """Anthropic Messages: the chat probes' conversation (so its prompt is cached by then)."""
+    return {"model": "m", "max_tokens": NEW_TOKENS, "temperature": 0.0,
+            "system": MESSAGES[0]["content"], "messages": MESSAGES[1:], **extra}  # fmt: skip
+
 
 PROBES: tuple[Probe, ...] = (
     Probe("flush_cache_post", "POST", "/flush_cache"),
@@ -104,6 +126,30 @@ PROBES: tuple[Probe, ...] = (
     _json_probe(
         "completion_details", "/v1/completions", _completion(return_cached_tokens_details=True)
     ),
+    # Anthropic Messages (a cache hit: the chat probes sent the same prompt), with tools
+    _json_probe("messages", "/v1/messages", _messages()),
+    _json_probe("messages_stream", "/v1/messages", _messages(stream=True)),
+    _json_probe("messages_tools", "/v1/messages", _messages(tools=TOOLS, messages=TOOL_TURNS)),
+    _json_probe(
+        "messages_tools_stream",
+        "/v1/messages",
+        _messages(tools=TOOLS, messages=TOOL_TURNS, stream=True),
+    ),
+    _json_probe(
+        "messages_count_tokens",
+        "/v1/messages/count_tokens",
+        {"model": "m", "messages": TOOL_TURNS, "tools": TOOLS},
+    ),
+    Probe("messages_bad_json", "POST", "/v1/messages", raw=b"{not json"),
+    _json_probe("messages_no_messages", "/v1/messages", {"model": "m", "max_tokens": 2}),
+    _json_probe("messages_no_max_tokens", "/v1/messages", _messages(max_tokens=None)),
+    _json_probe("messages_too_long", "/v1/messages", _messages(max_tokens=10**7)),
+    _json_probe(
+        "messages_thinking",
+        "/v1/messages",
+        _messages(thinking={"type": "enabled", "budget_tokens": 2048}),
+    ),
+    _json_probe("messages_count_tokens_no_model", "/v1/messages/count_tokens", {"messages": []}),
     # malformed requests
     Probe("generate_bad_json", "POST", "/generate", raw=b"{not json"),
     Probe("chat_bad_json", "POST", "/v1/chat/completions", raw=b"{not json"),

@@ -1,0 +1,202 @@
+"""The Anthropic Messages endpoints of SGLang 0.5.23 (entrypoints/anthropic/serving.py):
+/v1/messages, streamed and not, and /v1/messages/count_tokens.
+
+SGLang serves a Messages request as the chat completion it converts it to; so does the emulator:
+the body becomes SGLang's chat body (features/anthropic_messages.py, checked against SGLang's own
+converter), whose prompt ids the emulator's chat path computes (emulator/chat.py). Replies are in
+SGLang's Anthropic shapes: the message object (usage input_tokens = prompt - cached, and
+cache_read_input_tokens = cached when there is a hit), the event stream message_start,
+content_block_start / _delta / _stop, message_delta, message_stop (no [DONE]), and errors as
+{"type": "error", "error": {"type", "message"}}. The emulated model answers text only.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from smetric_router.emulator import server as srv
+from smetric_router.emulator.chat import chat_prompt_ids
+from smetric_router.emulator.errors import BadRequest, InternalError, json_response
+from smetric_router.emulator.runner import EngineFailed, Tracked
+from smetric_router.features import anthropic_messages
+from smetric_router.features.errors import FeatureError
+
+Json = dict[str, Any]
+_STOP = {"stop": "end_turn", "length": "max_tokens"}
+_TYPES = {400: "invalid_request_error", 500: "api_error", 503: "overloaded_error"}
+
+
+def register(router: web.UrlDispatcher) -> None:
+    router.add_post("/v1/messages", messages)
+    router.add_post("/v1/messages/count_tokens", count_tokens)
+
+
+def error(status: int, message: str, kind: str | None = None) -> web.Response:
+    err = {"type": kind or _TYPES.get(status, "api_error"), "message": message}
+    return json_response({"type": "error", "error": err}, status)
+
+
+def _usage(t: Tracked, *, input_: bool, output: bool, zero_output: bool = False) -> Json:
+    """SGLang's _anthropic_usage_from_openai."""
+    u: Json = {}
+    cached = t.cached_total
+    if input_:
+        u["input_tokens"] = max(len(t.input_ids) - cached, 0)
+    if output:
+        u["output_tokens"] = 0 if zero_output else t.n_out
+    if input_ and cached:
+        u["cache_read_input_tokens"] = cached
+    return u
+
+
+def _prompt(em: srv.Emulator, body: Json) -> list[int]:
+    inline = anthropic_messages.supports_inline_system(em.codec.template.source or "")
+    try:
+        chat = anthropic_messages.chat_body(body, inline)
+    except FeatureError as exc:
+        raise BadRequest(str(exc)) from exc
+    if not chat["messages"]:
+        raise BadRequest("Messages cannot be empty.")
+    return chat_prompt_ids(em.codec, chat)
+
+
+def _max_tokens(body: Json) -> int:
+    n = body.get("max_tokens")
+    if type(n) is float and n.is_integer():
+        n = int(n)
+    if n is None:
+        raise BadRequest("max_tokens: Field required")
+    if type(n) is not int:
+        raise BadRequest("max_tokens: Input should be a valid integer")
+    if n <= 0:
+        raise BadRequest("max_tokens: Value error, max_tokens must be positive")
+    return n
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    em = request.app[srv.EMULATOR]
+    try:
+        body = await srv._body(request)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("model: Field required")
+        n = _max_tokens(body)
+        thinking = body.get("thinking")
+        if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
+            raise BadRequest(
+                "Anthropic thinking is not supported for models without a reasoning parser"
+            )
+        sub = srv._Submission(em, body, _prompt(em, body), n, end_turn=True, asked=True)
+    except BadRequest as exc:
+        return error(400, str(exc))
+    except InternalError:
+        return error(500, "Internal server error")
+    except EngineFailed:
+        return error(503, "Internal server error")
+    t, answer = sub.t, sub.answer
+    message_id = f"msg_{uuid.uuid4().hex}"
+
+    def stop_reason() -> str:
+        return _STOP.get(srv._openai_finish(t, answer) or "stop", "end_turn")
+
+    def whole() -> Json:
+        return {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "text", "text": answer.text_at(t.n_out)}],
+            "model": model,
+            "stop_reason": stop_reason(),
+            "usage": _usage(t, input_=True, output=True),
+        }
+
+    async def events() -> AsyncIterator[tuple[str, Json]]:
+        started = opened = False
+        sent = 0  # tokens whose text was sent
+        async for _ in srv._progress(t):
+            if t.error_status is not None:
+                break
+            text = answer.text_between(sent, t.n_out)
+            sent = t.n_out
+            if not started and (text or t.done):
+                head = {"id": message_id, "type": "message", "role": "assistant",
+                        "content": [], "model": model,
+                        "usage": _usage(t, input_=True, output=True, zero_output=True)}  # fmt: skip
+                yield "message_start", {"type": "message_start", "message": head}
+                started = True
+            if text:
+                if not opened:
+                    block = {"type": "text", "text": ""}
+                    yield "content_block_start", {"type": "content_block_start", "index": 0,
+                                                  "content_block": block}  # fmt: skip
+                    opened = True
+                delta = {"type": "text_delta", "text": text}
+                yield "content_block_delta", {"type": "content_block_delta", "index": 0,
+                                              "delta": delta}  # fmt: skip
+        if t.error_status is not None:
+            if not started:
+                yield "message_start", {"type": "message_start", "message": {
+                    "id": message_id, "type": "message", "role": "assistant", "content": [],
+                    "model": model, "usage": {"input_tokens": 0, "output_tokens": 0}}}  # fmt: skip
+            if opened:
+                yield "content_block_stop", {"type": "content_block_stop", "index": 0}
+            err = {"type": "api_error", "message": "Internal server error"}
+            yield "error", {"type": "error", "error": err}
+            yield "message_stop", {"type": "message_stop"}
+            return
+        if opened:
+            yield "content_block_stop", {"type": "content_block_stop", "index": 0}
+        end = {"type": "message_delta", "delta": {"stop_reason": stop_reason()},
+               "usage": _usage(t, input_=False, output=True)}  # fmt: skip
+        yield "message_delta", end
+        yield "message_stop", {"type": "message_stop"}
+
+    runner = em.runner
+    try:
+        if body.get("stream") is True:
+            return await _sse(request, events())
+        if request.get(srv._DIE_KEY, False):
+            srv._drop_connection(request)
+            return web.Response()
+        await srv._finished(t)
+        if t.error_status is not None:
+            return error(t.error_status, "Internal server error")
+        return json_response(whole())
+    finally:
+        runner.release(sub.rid)
+
+
+async def _sse(request: web.Request, events: AsyncIterator[tuple[str, Json]]) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": srv.SSE_TYPE, "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    die = request.get(srv._DIE_KEY, False)
+    try:
+        async for name, data in events:
+            await resp.write(
+                b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+            )
+            if die:
+                srv._drop_connection(request)
+                return resp
+    except ConnectionResetError:
+        return resp
+    await resp.write_eof()
+    return resp
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    em = request.app[srv.EMULATOR]
+    try:
+        body = await srv._body(request)
+        if not isinstance(body.get("model"), str):
+            raise BadRequest("model: Field required")
+        return json_response({"input_tokens": len(_prompt(em, body))})
+    except BadRequest as exc:
+        return error(400, str(exc))
+    except InternalError:
+        return error(500, "Internal server error")
