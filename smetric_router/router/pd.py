@@ -39,6 +39,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from smetric_router.core.types import RequestFeatures
+from smetric_router.router.api_messages import stream_dialect
 from smetric_router.router.auth import upstream_auth_header
 from smetric_router.router.errors import RouterError, bad_request, worker_error_reply
 from smetric_router.router.metrics import RouterMetrics
@@ -467,9 +468,16 @@ class PdProxy:
         out = web.StreamResponse(status=resp.status, headers=headers)
         await out.prepare(request)
         await out.write(first)
-        tail = first[-2:] if first else b"\n\n"
+        tail = first[-64:] if first else b"\n\n"  # enough for any API's end marker
+        dialect = stream_dialect(request.path)  # Anthropic's error event on /v1/messages
         cut = await copy_stream(
-            out, resp.content, decode.url, self.metrics, tail, idle=self.stream_idle_timeout
+            out,
+            resp.content,
+            decode.url,
+            self.metrics,
+            tail,
+            idle=self.stream_idle_timeout,
+            **dialect,
         )
         note_cut(request, self.registry, decode, cut)
         return out
