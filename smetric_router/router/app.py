@@ -151,6 +151,7 @@ class RouterState:
             l3_key_prefix=c.l3_key_prefix,
             inflight=self.inflight,
             context_length=c.context_length,
+            session_hints=c.session_hints,
         )
         self._upstream = Upstream(
             connect_timeout=timeout.sock_connect or c.request_timeout_secs,
@@ -387,6 +388,8 @@ async def _generate(
         raise no_worker() from None
     state.metrics.decide_seconds.observe(time.perf_counter() - started)
     label = endpoint.value
+    first = pair.prefill if state.pd is not None else routed
+    state.metrics.routed(label, first.decision.reason)
     if state.pd is not None:
         return await state.pd.dispatch(request, endpoint.value, body, pair, started, label)
     stream = body.get("stream") is True

@@ -82,6 +82,10 @@ class RouterConfig:
     forward_authorization: bool = False
     # Request limits: the served context length (None: the smallest the workers report).
     context_length: int | None = None
+    # Coding agents (issue 13): read the session id an agent sends (x-claude-code-session-id,
+    # session_id, x-session-affinity, prompt_cache_key...) as a hint the policy may use
+    # (features/session_hint.py, policies/session_home.py).
+    session_hints: bool = True
 
     def __post_init__(self) -> None:
         if self.page_size is not None and self.page_size < 1:
