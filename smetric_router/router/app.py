@@ -374,6 +374,7 @@ async def _generate(
         if endpoint is Endpoint.MESSAGES:
             seen, kind = router.features.messages_chat(body), Endpoint.CHAT
         features = await router.extract(kind, seen, request.headers, model)
+        features = router.hinted(features, request.headers, body)  # the client's own body
         probed = await router.probe(seen, model)  # None unless --cache-view probe
         l3 = await router.l3_lookup(features, model)  # 0 unless --l3-view
         if strip_hint(body):

@@ -146,7 +146,7 @@ class Router:
         source, each worker's view carries the global tier's hit too (see l3_lookup()). With
         `inflight`, the pages of requests dispatched (hold()) and not yet ended (release()) count
         as held by their worker too (cluster/inflight.py). context_length overrides what the
-        workers report (router/token_limits.py). session_hints: the features carry the agent's
+        workers report (router/token_limits.py). session_hints: hinted() adds the agent's
         session id when the request names one (features/session_hint.py), for the policy to read
         as a hint."""
         self.policy = policy
@@ -203,9 +203,7 @@ class Router:
         except PromptTooLong as e:
             raise token_limits.too_long(str(e), endpoint.value, body) from None
         token_limits.check_total(asked, features.prompt_len, context)
-        # one place for every endpoint: what the body was converted to does not matter here
-        hint = session_hint(headers, body) if self.session_hints else None
-        return features if hint is None else replace(features, session_hint=hint)
+        return features
 
     async def _extract(
         self,
@@ -257,6 +255,15 @@ class Router:
         """A chat body's prompt tokens, as the workers count them (count_tokens: no limits)."""
         run = functools.partial(self.features.from_chat, chat)
         return (await self._tokenizing(True, run, Budget(None, INLINE_CHARS))).prompt_len
+
+    def hinted(
+        self, features: RequestFeatures, headers: Mapping[str, str], body: Mapping[str, Any]
+    ) -> RequestFeatures:
+        """features with the agent's session id when the request names one. body: the request
+        as the client sent it (a Messages or Responses body, not the chat body it is routed as),
+        where agents put it."""
+        hint = session_hint(headers, body) if self.session_hints else None
+        return features if hint is None else replace(features, session_hint=hint)
 
     async def probe(
         self, body: dict[str, Any], model: str | None
