@@ -24,8 +24,8 @@ class Reason(str, Enum):
     # its best local holder, which loads the rest from L3 (--l3-aware-guard, policies/NOTES.md).
     STICKY_L3 = "sticky-l3"
     # A follow-up the guards sent away from its holder went to its session's home worker (the
-    # rendezvous choice of the client's session hint among the workers not overloaded), where
-    # least load would have picked any worker (policies/session_home.py).
+    # rendezvous choice of the client's session hint among the workers at or below the mean
+    # load) instead of the least loaded one (policies/smetric.py, session_home.py).
     SESSION_HINT_FALLBACK = "session-hint-fallback"
 
 

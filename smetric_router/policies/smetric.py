@@ -10,9 +10,9 @@ held in the global tier (L3) is fetchable, not lost; the follow-up stays with it
 Session hint (RequestFeatures.session_hint, an agent's session header), read only where the view
 leaves the choice open: ties among the least loaded (first turn) or among the best holders go to
 the session's home (policies/session_home.py), and a follow-up the guards send away from its
-holder goes to its home when that worker is not overloaded by the same rule
-(`session-hint-fallback`), so a session's requests meet on one worker whichever replica routes
-them, instead of each going to whatever worker is least loaded at that instant.
+holder goes to the first worker in its home ranking whose load is at most the mean
+(`session-hint-fallback`) instead of the least loaded one, so a session's requests meet on one
+worker whichever replica routes them. Simulated in benchmarks/results/session_hints.md.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class SMetric:
         p = self.params
         limit = max(p.overload * mean_load, mean_load + p.overload_slack)
         if target.load > limit:
-            return self._fallback(workers, hint, limit, view.tick, Reason.OVERLOAD_FALLBACK)
+            return self._fallback(workers, hint, mean_load, view.tick, Reason.OVERLOAD_FALLBACK)
         # est_hit == 0 means the request carries no countable history: nothing to have been evicted.
         if features.est_hit > 0 and not best_hit > p.hit_ratio * features.est_hit:
             # Fetchable: the target keeps its local part and loads the rest from L3. Without any
@@ -63,20 +63,21 @@ class SMetric:
             fetchable = l3 is not None and l3 > p.hit_ratio * features.est_hit
             if p.l3_aware and best_hit > 0 and fetchable:
                 return Decision(target.url, Reason.STICKY_L3.value)
-            return self._fallback(workers, hint, limit, view.tick, Reason.EVICTED_FALLBACK)
+            return self._fallback(workers, hint, mean_load, view.tick, Reason.EVICTED_FALLBACK)
         return Decision(target.url, Reason.STICKY.value)
 
     @staticmethod
     def _fallback(
-        workers: tuple[WorkerView, ...], hint: str | None, limit: float, tick: int, reason: Reason
+        workers: tuple[WorkerView, ...], hint: str | None, mean: float, tick: int, reason: Reason
     ) -> Decision:
-        """Least load; with a session hint, the session's home among the workers within the
-        overload limit: the paper accepts a sticky target up to that load, and the home is where
-        the session's next follow-ups will find this request's cache (the least-loaded worker
-        always qualifies: its load is at most the mean)."""
+        """Least load; with a session hint, the session's home among the workers at or below the
+        mean load (the least loaded always is), where its next follow-ups will find this
+        request's cache. A bound of the mean, not the sticky guard's OVERLOAD x mean: moving
+        costs the history's prefill anyway, so the move should not also buy a queue (the
+        looser bound lost up to 1% TPS within SLO in the simulator without cache pressure)."""
         if hint is None:
             return Decision(least_load(workers, tick).url, reason.value)
-        chosen = home(hint, [w for w in workers if w.load <= limit])
+        chosen = home(hint, [w for w in workers if w.load <= mean])
         return Decision(chosen.url, Reason.SESSION_HINT_FALLBACK.value)
 
 
