@@ -19,7 +19,8 @@ Writes OUT.md (verdict and numbers), OUT.json (the samples) and OUT_rss.png (log
 temporary directory, printed at the start); `python -m benchmarks.soak plot-runs OUT.png
 LABEL=RUN.json ...` overlays earlier runs' router RSS. Exit status 1 if a check failed: an
 unclean answer, in-flight not back to 0, or router RSS growth after warm-up at or above
-`--max-growth`. Loopback only.
+`--max-growth`. Loopback only. Where the router's memory goes: `--router-python-args
+benchmarks/soak_probe.py` (malloc totals, the KV feeds' state, tracemalloc; see that file).
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ no longer holds the first seq asked for (rolled over) or `replay_rounds` rounds 
 
 Sequence handling (never keep stale hits):
 - start-up: once the SUB socket's handshake completes and a replay socket exists, replay from
-  seq 0 to warm the index with whatever the worker still buffers; the first batch seen (replayed
-  or live) is accepted as the start. A start after seq 0 is a partial history: pages announced
+  seq 0 to warm the index with whatever the worker still buffers, until the buffer's end or until
+  the SUB socket holds live batches (then the live stream takes over: a replay never chases a busy
+  worker's head while live batches queue unread); the first batch seen (replayed or live) is
+  accepted as the start. A start after seq 0 is a partial history: pages announced
   before it are never announced again, so the index accepts stores under unknown parents
   (KvIndex.set_partial);
 - a gap (seq > last + 1) is filled by a replay; if that fails, the worker's index is cleared and
@@ -526,6 +528,12 @@ class KvEventFeed:
                 return until is None  # nothing more is buffered
             if progressed:
                 fruitless = 0
+                if until is None and self._live_pending():
+                    # The live stream holds what follows: it takes over, and a gap up to its
+                    # first batch is replayed with a bound. Chasing the head of a busy worker
+                    # here never ended (each round brought new batches) while the unread SUB
+                    # socket queued every live batch in libzmq's memory (router RSS +250 MB).
+                    return True
                 continue
             fruitless += 1
             if fruitless >= 2:
@@ -542,12 +550,22 @@ class KvEventFeed:
         self._dealer = dealer = self._new_dealer()
         timeout_ms = int(self._config.replay_timeout_s * 1000)
         first = True
+        read = 0
         try:
             await dealer.send_multipart([b"", want.to_bytes(8, "big")])
             while True:
-                if not await dealer.poll(timeout_ms):
-                    return "silent"
-                frames = await dealer.recv_multipart()
+                # Like _drain_live: what the socket holds is read without waiting (a wait per
+                # batch costs loop turns, and a busy router then replays slower than a worker
+                # publishes), yielding to the loop every _DRAIN_MAX batches.
+                try:
+                    frames = await dealer.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    if not await dealer.poll(timeout_ms):
+                        return "silent"
+                    continue
+                read += 1
+                if read % _DRAIN_MAX == 0:
+                    await asyncio.sleep(0)
                 if frames and frames[0] == b"":
                     frames = frames[1:]
                 if len(frames) == 3:
@@ -573,6 +591,10 @@ class KvEventFeed:
             # what is still on its way for this DEALER dies with it
             dealer.close(linger=0)
             self._dealer = None
+
+    def _live_pending(self) -> bool:
+        events = self._sub.get(zmq.EVENTS) if self._sub is not None else 0
+        return isinstance(events, int) and bool(events & zmq.POLLIN)
 
     def _apply(self, seq: int, payload: bytes) -> None:
         if self.last_seq < 0:
