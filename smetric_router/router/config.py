@@ -82,6 +82,9 @@ class RouterConfig:
     forward_authorization: bool = False
     # Request limits: the served context length (None: the smallest the workers report).
     context_length: int | None = None
+    # OpenAI Responses (router/api_responses.py): the key that signs the response ids the
+    # router hands out (they name their holder); None: a random one per router, ids die with it.
+    response_id_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.page_size is not None and self.page_size < 1:
@@ -151,6 +154,8 @@ class RouterConfig:
                 "--worker-api-key and --forward-authorization exclude each other: the workers get "
                 "either the router's worker key or the client's own Authorization header"
             )
+        if self.response_id_key is not None and len(self.response_id_key) < 16:
+            raise ValueError("response_id_key must be at least 16 characters (it signs ids)")
         self.worker_specs()  # URL and port checks fail here, at start-up
 
     @property
