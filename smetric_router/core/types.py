@@ -23,6 +23,10 @@ class Reason(str, Enum):
     # The history left the local tiers but is fetchable from the global tier (L3): it stays with
     # its best local holder, which loads the rest from L3 (--l3-aware-guard, policies/NOTES.md).
     STICKY_L3 = "sticky-l3"
+    # A follow-up the guards sent away from its holder went to its session's home worker (the
+    # rendezvous choice of the client's session hint among the workers at or below the mean
+    # load) instead of the least loaded one (policies/smetric.py, session_home.py).
+    SESSION_HINT_FALLBACK = "session-hint-fallback"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,8 @@ class RequestFeatures:
     page_digests: their full SHA-256 chain digests, 32 bytes each, concatenated (SGLang's L3 keys
         are the hex digests); empty where the caller did not ask for them.
     text: the request's prompt text, used only by the text-tree `cache_aware` baseline.
+    session_hint: the session id the client sent (an agent's session header, features/
+        session_hint.py), None without one. A hint only: no policy may require it.
     """
 
     prompt_len: int
@@ -48,6 +54,7 @@ class RequestFeatures:
     text: str = ""
     model: str | None = None
     page_digests: bytes = b""
+    session_hint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,6 +152,7 @@ class RouterState:
             l3_key_prefix=c.l3_key_prefix,
             inflight=self.inflight,
             context_length=c.context_length,
+            session_hints=c.session_hints,
         )
         self._upstream = Upstream(
             connect_timeout=timeout.sock_connect or c.request_timeout_secs,
@@ -380,6 +381,7 @@ async def _generate(
             stream = body.get("stream") is True
             raw = orjson.dumps(body)
             label = endpoint.value
+            state.metrics.routed(label, api_responses.HOLDER_REASON)
             return await state.proxy.dispatch(request, label, raw, routed, started, label, stream)
     try:
         # A Messages or Responses request is routed as the chat request SGLang turns it into;
@@ -390,6 +392,7 @@ async def _generate(
         elif endpoint is Endpoint.RESPONSES:
             seen, kind = router.features.responses_chat(body), Endpoint.CHAT
         features = await router.extract(kind, seen, request.headers, model)
+        features = router.hinted(features, request.headers, body)  # the client's own body
         probed = await router.probe(seen, model)  # None unless --cache-view probe
         l3 = await router.l3_lookup(features, model)  # 0 unless --l3-view
         if strip_hint(body):
@@ -404,6 +407,8 @@ async def _generate(
         raise no_worker() from None
     state.metrics.decide_seconds.observe(time.perf_counter() - started)
     label = endpoint.value
+    first = pair.prefill if state.pd is not None else routed
+    state.metrics.routed(label, first.decision.reason)
     if state.pd is not None:
         return await state.pd.dispatch(request, endpoint.value, body, pair, started, label)
     stream = body.get("stream") is True

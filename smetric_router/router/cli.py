@@ -406,6 +406,18 @@ def build_parser() -> argparse.ArgumentParser:
         "with 400 as SGLang refuses them; a huge prompt as soon as a prefix shows it too long. "
         "Default: the smallest max_model_len the workers' /v1/models report (unknown: no limit)",
     )
+    # Coding agents (issue 13)
+    agents = p.add_argument_group("coding agents", "what the router reads from agents' requests")
+    agents.add_argument(
+        "--no-session-hints",
+        action="store_true",
+        help="ignore the session ids coding agents send (x-claude-code-session-id, session_id, "
+        "x-session-affinity, x-opencode-session, Anthropic metadata.user_id, OpenAI "
+        "prompt_cache_key). By default smetric reads one as a hint only: a session's follow-up "
+        "whose cache holder is gone or overloaded goes to the session's home worker (rendezvous "
+        "hash of the id) if that one is not overloaded, decision reason session-hint-fallback; "
+        "ties among equally good workers go to it too. Turn inference never needs a hint",
+    )
     return p
 
 
@@ -557,6 +569,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             worker_api_key=_key(getattr(a, "worker_api_key", None), WORKER_API_KEY_ENV),
             forward_authorization=a.forward_authorization,
             context_length=a.context_length,
+            session_hints=not a.no_session_hints,
             response_id_key=_key(getattr(a, "response_id_key", None), RESPONSE_ID_KEY_ENV),
         )
     except ValueError as e:

@@ -82,6 +82,10 @@ class RouterConfig:
     forward_authorization: bool = False
     # Request limits: the served context length (None: the smallest the workers report).
     context_length: int | None = None
+    # Coding agents (issue 13): read the session id an agent sends (x-claude-code-session-id,
+    # session_id, x-session-affinity, prompt_cache_key...) as a hint the policy may use
+    # (features/session_hint.py, policies/session_home.py).
+    session_hints: bool = True
     # OpenAI Responses (router/api_responses.py): the key that signs the response ids the
     # router hands out (they name their holder); None: a random one per router, ids die with it.
     response_id_key: str | None = field(default=None, repr=False)

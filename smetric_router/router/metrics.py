@@ -186,6 +186,14 @@ class RouterMetrics:
         self.decisions = Counter(
             "smetric_decisions", "Routing decisions", ["reason", "worker"], registry=r
         )
+        # Per API, what the policy made of its requests (Claude Code's Messages, Codex's
+        # Responses, chat...): first decision per request, retries not counted again.
+        self.endpoint_decisions = Counter(
+            "smetric_endpoint_decisions",
+            "Requests routed, by endpoint and by the reason of their first routing decision",
+            ["endpoint", "reason"],
+            registry=r,
+        )
         self.retries = Counter(
             "smetric_retries",
             "Dispatches retried away from a failing worker",
@@ -268,6 +276,10 @@ class RouterMetrics:
 
     def decided(self, reason: str, worker: str) -> None:
         self._child(self.decisions, reason, worker).inc()
+
+    def routed(self, endpoint: str, reason: str) -> None:
+        """Once per generation request, when its first decision is made."""
+        self._child(self.endpoint_decisions, endpoint, reason).inc()
 
     def answered(self, endpoint: str, status: int | str, seconds: float) -> None:
         """Once per generation request, when its response is done."""

@@ -23,6 +23,7 @@ from smetric_router.cluster.inflight import Hold, InflightPrefixes
 from smetric_router.core.mooncake_keys import key_prefix
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures, WorkerView
 from smetric_router.features.budget import Budget, Offload, PromptTooLong
+from smetric_router.features.session_hint import session_hint
 from smetric_router.policies import Policy
 from smetric_router.router import token_limits
 from smetric_router.router.errors import RouterError
@@ -143,13 +144,16 @@ class Router:
         l3_key_prefix: str | None = None,
         inflight: InflightPrefixes | None = None,
         context_length: int | None = None,
+        session_hints: bool = True,
     ) -> None:
         """Decides among the registry's workers of `role` (one Router per PD side). With a
         prober, hits come from probing the workers (see probe()), not from `hits`; with an L3
         source, each worker's view carries the global tier's hit too (see l3_lookup()). With
         `inflight`, the pages of requests dispatched (hold()) and not yet ended (release()) count
         as held by their worker too (cluster/inflight.py). context_length overrides what the
-        workers report (router/token_limits.py)."""
+        workers report (router/token_limits.py). session_hints: hinted() adds the agent's
+        session id when the request names one (features/session_hint.py), for the policy to read
+        as a hint."""
         self.policy = policy
         self.role = role
         self.registry = registry
@@ -163,6 +167,7 @@ class Router:
         self.l3_key_prefix = l3_key_prefix
         self.inflight = inflight
         self.context_override = context_length
+        self.session_hints = session_hints
         self._tick = itertools.count()
         # held while a chat is extracted off the loop: chats share the extractor's state
         self._chat_off_loop = asyncio.Lock()
@@ -256,6 +261,15 @@ class Router:
         run = functools.partial(self.features.from_chat, chat)
         return (await self._tokenizing(True, run, Budget(None, INLINE_CHARS))).prompt_len
 
+    def hinted(
+        self, features: RequestFeatures, headers: Mapping[str, str], body: Mapping[str, Any]
+    ) -> RequestFeatures:
+        """features with the agent's session id when the request names one. body: the request
+        as the client sent it (a Messages or Responses body, not the chat body it is routed as),
+        where agents put it."""
+        hint = session_hint(headers, body) if self.session_hints else None
+        return features if hint is None else replace(features, session_hint=hint)
+
     async def probe(
         self, body: dict[str, Any], model: str | None
     ) -> Mapping[str, tuple[int, int]] | None:
@@ -337,10 +351,12 @@ class Router:
             self.metrics.count_prefix(chosen.gpu_hit, chosen.hit, chosen.l3_hit)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
-                "decision worker=%s reason=%s turn=%s prompt=%d est_hit=%d loads=%s hits=%s l3=%s",
+                "decision worker=%s reason=%s turn=%s session=%s prompt=%d est_hit=%d loads=%s "
+                "hits=%s l3=%s",
                 decision.worker,
                 decision.reason,
                 features.turn,
+                features.session_hint,
                 features.prompt_len,
                 features.est_hit,
                 [w.load for w in view.workers],

@@ -156,6 +156,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--slo-tpot-ms", type=float, default=slo.tpot_ms, help="TPOT SLO")
     p.add_argument("--window-s", type=float, default=30.0, help="window of imbalance_mean, seconds")
+    p.add_argument(
+        "--session-hints",
+        action="store_true",
+        help="requests carry their trace session id as a coding agent's session header would "
+        "(the router's policies read it as a hint: session-hint-fallback)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the results document here")
     p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this folder")
     p.add_argument(
@@ -221,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             params=params,
             slo=Slo(args.slo_ttft_base_s, args.slo_ttft_per_token_ms, args.slo_tpot_ms),
             window_s=args.window_s,
+            session_hints=args.session_hints,
             seed=args.seed,
         )
         if args.pd:

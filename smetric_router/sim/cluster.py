@@ -114,10 +114,12 @@ def router_features(
     page_size: int,
     session_blocks: dict[str, tuple[int, ...]],
     text: str = "",
+    session_hint: bool = False,
 ) -> RequestFeatures:
     """The features the router would compute for a trace request: the trace's turn, and as
     est_hit the tokens of the leading blocks shared with the session's previous request (which
-    session_blocks remembers and this call updates)."""
+    session_blocks remembers and this call updates); session_hint: the trace's session id as the
+    agent's session header (SimConfig.session_hints)."""
     prev = session_blocks.get(req.session)
     shared = 0
     if prev is not None:
@@ -133,6 +135,7 @@ def router_features(
         turn=req.turn,
         est_hit=min(shared * req.block_size, req.input_len),
         text=text,
+        session_hint=req.session if session_hint else None,
     )
 
 
@@ -311,7 +314,9 @@ class Cluster:
             text = _block_text(req.block_ids) if self.text_tree is not None else ""
             hashes = mapper.pages(req, n)
             prompt_pages = hashes[: req.input_len // ps]
-            features = router_features(req, prompt_pages, ps, session_blocks, text)
+            features = router_features(
+                req, prompt_pages, ps, session_blocks, text, cfg.session_hints
+            )
             idx = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
             if req.turn == 0:
                 session_first[req.session] = idx

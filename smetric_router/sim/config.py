@@ -37,6 +37,8 @@ class SimConfig:
         share its NIC (200 Gb/s RDMA, ~25 GB/s) first-come first-served; host -> GPU then crosses
         PCIe at the profile's rate. Writes to the global tier are asynchronous and not charged.
     window_s: the window of imbalance_mean (the paper's Figure 14 uses 30 s).
+    session_hints: requests carry their trace session id as an agent's session header would
+        (RequestFeatures.session_hint); off by default, as the paper's router has none.
     """
 
     instances: int = 32
@@ -53,6 +55,7 @@ class SimConfig:
     slo: Slo = field(default_factory=Slo)
     window_s: float = 30.0
     seed: int = 0
+    session_hints: bool = False
 
     def __post_init__(self) -> None:
         if self.instances < 1:

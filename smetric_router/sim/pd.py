@@ -203,7 +203,9 @@ class PdCluster:
             self._run_events(t)
             hashes = pages[n].tolist() if pages is not None else mapper.pages(req, n)
             prompt_pages = hashes[: req.input_len // ps]
-            features = router_features(req, prompt_pages, ps, session_blocks)
+            features = router_features(
+                req, prompt_pages, ps, session_blocks, session_hint=self.cfg.session_hints
+            )
             idx, hit = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
             if req.turn == 0:
                 session_first[req.session] = idx

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.request
 from typing import Any
 
 import aiohttp
@@ -89,6 +90,12 @@ def test_chains_land_on_their_holder_and_get_by_id(make_stack: StackFactory, str
         done = client.responses.cancel(previous.id)  # finished already: returned as it is
         assert done.id == previous.id and done.status == previous.status
     assert len(holders) > 1, holders  # first responses are balanced, not all on one worker
+    # per-endpoint metrics: 3 chains x 4 continuations, and the GET / cancel calls answered
+    with urllib.request.urlopen(stack.url + "/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    line = 'smetric_endpoint_decisions_total{endpoint="/v1/responses",reason="response-holder"}'
+    assert f"{line} 12.0" in metrics, [m for m in metrics.splitlines() if "response" in m]
+    assert 'endpoint="/v1/responses/{id}",status="200"} 6.0' in metrics
 
 
 def _error(exc: openai.APIStatusError) -> dict[str, Any]:

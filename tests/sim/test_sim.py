@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from smetric_router.policies import make_policy
+from smetric_router.policies.session_home import rank
 from smetric_router.sim.__main__ import main, run
-from smetric_router.sim.cluster import Cluster, RequestRecord, RunResult
+from smetric_router.sim.cluster import Cluster, RequestRecord, RunResult, router_features
 from smetric_router.sim.config import SimConfig, Slo
 from smetric_router.sim.metrics import summarize
 from smetric_router.traces.schema import TraceRequest
@@ -160,3 +162,20 @@ def test_cli_malformed_trace_names_the_line(
 def test_cli_rejects_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--trace", "x", "--policies", "nope"]) == 2
     assert "unknown policy" in capsys.readouterr().err
+
+
+def test_session_hints_carry_the_trace_session_only_when_asked() -> None:
+    trace = _sessions(1, 2)
+    plain: dict[str, tuple[int, ...]] = {}
+    hinted: dict[str, tuple[int, ...]] = {}
+    for req in trace:
+        assert router_features(req, [], BS, plain).session_hint is None
+        assert router_features(req, [], BS, hinted, session_hint=True).session_hint == "s0"
+    # a run with hints: each session's first turn goes to its home among the idle instances
+    cfg = replace(SMALL, session_hints=True)
+    trace = [replace(r, arrival_s=r.arrival_s * 100) for r in _sessions(6, 1)]  # one at a time
+    cluster = Cluster(cfg, make_policy("smetric"), math.inf)
+    res = cluster.run(trace)
+    homes = [max(cluster.urls, key=lambda u: rank(req.session, u)) for req in trace]
+    assert [cluster.urls[r.instance] for r in res.records] == homes
+    assert len(set(homes)) > 1
