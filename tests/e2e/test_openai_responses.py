@@ -189,3 +189,25 @@ def test_stateless_conversation_is_routed_like_chat(make_stack: StackFactory) ->
              "arguments": json.dumps({"path": f"src/m{turn}.py"})},
             {"type": "function_call_output", "call_id": f"c{turn}", "output": "x = 1"},
         ]  # fmt: skip
+
+
+async def test_worker_lost_mid_stream_ends_with_an_error(make_stack: StackFactory) -> None:
+    """The id-rewriting stream reader passes a worker lost mid-stream on to the usual cut
+    handling: the events so far (ids rewritten), then the router's error event."""
+    stack = make_stack(workers=1)
+    worker = stack.worker_urls[0]
+    body = {"model": "m", "input": "Explain list comprehensions.", "max_output_tokens": 40,
+            "stream": True}  # fmt: skip
+    async with aiohttp.ClientSession() as http:
+        async with http.post(worker + "/emulator/faults", json={"die_mid_stream_next": 1}) as r:
+            assert r.status == 200
+        async with http.post(stack.url + "/v1/responses", json=body) as r:
+            assert r.status == 200
+            text = (await r.read()).decode()
+    frames = [f for f in text.split("\n\n") if f.strip()]
+    assert frames[0].startswith("event: response.created"), text
+    first = json.loads(frames[0].split("data: ", 1)[1])
+    assert not WORKER_ID.fullmatch(first["response"]["id"]), first  # rewritten all the same
+    data = json.loads(frames[-2].removeprefix("data: "))
+    assert "lost mid-stream" in data["error"]["message"], text
+    assert frames[-1] == "data: [DONE]", text
