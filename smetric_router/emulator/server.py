@@ -26,7 +26,7 @@ from prometheus_client.exposition import choose_encoder
 from smetric_router.core.kv_events import KVCacheEvent
 from smetric_router.core.port_file import bound_port
 from smetric_router.emulator import loads as v1_loads
-from smetric_router.emulator import messages, replies
+from smetric_router.emulator import messages, replies, responses
 from smetric_router.emulator.answer import Answer, make_answer
 from smetric_router.emulator.chat import chat_prompt_ids
 from smetric_router.emulator.config import (
@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT's default
 KV_TRANSFER_FAILED = 500  # SGLang aborts a decode whose KV transfer failed as an internal error
 GENERATION_PATHS = frozenset(
-    {"/generate", "/v1/chat/completions", "/v1/completions", "/v1/messages"}
+    {"/generate", "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
 )
 DEFAULT_REQUEST_MODEL = "default"  # what SGLang echoes for an OpenAI request without "model"
 SSE_TYPE = "text/event-stream; charset=utf-8"
@@ -937,6 +937,7 @@ def make_app(
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/v1/completions", completions)
     messages.register(r)  # Anthropic Messages (emulator/messages.py)
+    responses.register(r)  # OpenAI Responses (emulator/responses.py)
     for path in ("/health", "/health_generate"):
         r.add_get(path, health)
     r.add_get("/ready", ready)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from smetric_router.core.types import RequestFeatures
-from smetric_router.features import anthropic_messages, bodies
+from smetric_router.features import anthropic_messages, bodies, openai_responses
 from smetric_router.features.bodies import HINT_FIELD, HISTORY_HEADER, TURN_HEADER, strip_hint
 from smetric_router.features.budget import UNLIMITED, Budget
 from smetric_router.features.chat_prompt import ChatPrompts
@@ -80,6 +80,11 @@ class FeatureExtractor:
         """The chat body SGLang renders for an Anthropic Messages body (anthropic_messages)."""
         inline = anthropic_messages.supports_inline_system(self.chat.template)
         return anthropic_messages.chat_body(body, inline)
+
+    def responses_chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The chat body SGLang renders for an OpenAI Responses body (openai_responses)."""
+        inline = anthropic_messages.supports_inline_system(self.chat.template)
+        return openai_responses.chat_body(body, inline)
 
     # -- raw prompts ------------------------------------------------------------------------
 

@@ -21,8 +21,8 @@ from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
-from smetric_router.router import api_messages
-from smetric_router.router.auth import auth_middleware
+from smetric_router.router import api_messages, api_responses
+from smetric_router.router.auth import auth_middleware, upstream_auth_header
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
 from smetric_router.router.errors import RouterError, bad_request, no_worker
@@ -77,6 +77,7 @@ class RouterState:
             hits.on_evicted = self.inflight.forget_ended
         self.started = int(time.time())
         self.drain = Drain()  # graceful shutdown (router/drain.py)
+        self.response_ids = api_responses.ResponseIds(config.response_id_key)
         self._session: aiohttp.ClientSession | None = None
         self._registry: WorkerRegistry | None = None
         self._router: Router | None = None
@@ -368,11 +369,28 @@ async def _generate(
     raw, body = await read_json_object(request, state.config.max_body_bytes)
     model = _check_model(body, state.registry)
     router = state.router
+    if endpoint is Endpoint.RESPONSES:
+        # ids in and out carry their worker; a continued response goes to its holder
+        holder = api_responses.restore_previous(state.response_ids, state.registry, request, body)
+        if holder is not None:
+            if state.pd is not None:
+                why = "previous_response_id needs a response store, which SGLang has not under PD"
+                raise bad_request(why, param="previous_response_id")
+            strip_hint(body)
+            routed = router.route_to(holder.url, model, api_responses.HOLDER_REASON)
+            stream = body.get("stream") is True
+            raw = orjson.dumps(body)
+            label = endpoint.value
+            state.metrics.routed(label, api_responses.HOLDER_REASON)
+            return await state.proxy.dispatch(request, label, raw, routed, started, label, stream)
     try:
-        # A Messages request is routed as the chat request SGLang turns it into; sent as it came.
+        # A Messages or Responses request is routed as the chat request SGLang turns it into;
+        # sent as it came.
         seen, kind = body, endpoint
         if endpoint is Endpoint.MESSAGES:
             seen, kind = router.features.messages_chat(body), Endpoint.CHAT
+        elif endpoint is Endpoint.RESPONSES:
+            seen, kind = router.features.responses_chat(body), Endpoint.CHAT
         features = await router.extract(kind, seen, request.headers, model)
         features = router.hinted(features, request.headers, body)  # the client's own body
         probed = await router.probe(seen, model)  # None unless --cache-view probe
@@ -409,6 +427,29 @@ async def handle_count_tokens(request: web.Request) -> web.Response:
         return bad_request(str(e)).response()
     except RouterError as e:
         return e.response()
+
+
+async def handle_response_by_id(request: web.Request) -> web.Response:
+    """GET /v1/responses/{id}, POST /v1/responses/{id}/cancel: to the holder (api_responses)."""
+    state = request.app[STATE]
+    started = time.perf_counter()
+    status = 499
+    try:
+        resp = await api_responses.by_id(
+            state.response_ids,
+            state.registry,
+            state.session,
+            request,
+            upstream_auth_header(request),
+            state.config.request_timeout_secs,
+        )
+        status = resp.status
+        return resp
+    except RouterError as e:
+        status = e.status
+        return e.response()
+    finally:
+        state.metrics.answered(api_responses.BY_ID_LABEL, status, time.perf_counter() - started)
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -617,6 +658,9 @@ def build_app(state: RouterState) -> web.Application:
         Endpoint.GENERATE.value, generation_handler(Endpoint.GENERATE), expect_handler=guard
     )
     app.router.add_post(api_messages.COUNT_TOKENS, handle_count_tokens, expect_handler=guard)
+    by_id = api_responses.PREFIX + "/{response_id}"
+    app.router.add_get(by_id, handle_response_by_id, expect_handler=guard)
+    app.router.add_post(by_id + "/cancel", handle_response_by_id, expect_handler=guard)
     app.router.add_get("/v1/models", handle_models, expect_handler=guard)
     app.router.add_get("/health", handle_health, expect_handler=guard)
     app.router.add_get("/liveness", handle_health, expect_handler=guard)

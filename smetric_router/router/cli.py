@@ -22,6 +22,7 @@ from aiohttp import web
 from smetric_router.cluster.inflight import GRACE_S
 from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.policies import PolicyParams, policy_names
+from smetric_router.router.api_responses import RESPONSE_ID_KEY_ENV
 from smetric_router.router.auth import describe
 from smetric_router.router.config import CACHE_VIEWS, L3_VIEWS, RouterConfig
 from smetric_router.router.limits import raise_open_files_limit
@@ -391,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
         "it again, and tool-call parsers hold text back",
     )
     _add_auth_flags(p)
+    _add_responses_flags(p)
     limits = p.add_argument_group(
         "request limits", "what the router refuses (400) before a worker sees it"
     )
@@ -464,6 +466,23 @@ def _add_auth_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="pass the client's own Authorization header on to the worker (by default it is "
         "dropped: it holds the router's key, not the worker's)",
+    )
+
+
+def _add_responses_flags(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group(
+        "OpenAI Responses",
+        "/v1/responses ids the router hands out name the worker that stores the response, "
+        "signed, so previous_response_id, GET and cancel reach it without a table.",
+    )
+    group.add_argument(
+        "--response-id-key",
+        default=argparse.SUPPRESS,
+        metavar="KEY",
+        help=f"secret (16+ characters) that signs the response ids; routers that must accept "
+        f"each other's ids (replicas behind one address, a restarted router) need the same one; "
+        f"default: ${RESPONSE_ID_KEY_ENV}, else a random key per router (its --processes "
+        "replicas share it): ids then die with the router process",
     )
 
 
@@ -551,6 +570,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             forward_authorization=a.forward_authorization,
             context_length=a.context_length,
             session_hints=not a.no_session_hints,
+            response_id_key=_key(getattr(a, "response_id_key", None), RESPONSE_ID_KEY_ENV),
         )
     except ValueError as e:
         parser.error(str(e))
@@ -643,6 +663,8 @@ async def serve(
             replicas.append(
                 subprocess.Popen(
                     replica_argv(argv, ports["http"]),
+                    # one key for all replicas: each accepts the response ids the others issue
+                    env={**os.environ, RESPONSE_ID_KEY_ENV: state.response_ids.key_text},
                     preexec_fn=_die_with_parent,
                     process_group=0,
                 )

@@ -86,6 +86,9 @@ class RouterConfig:
     # session_id, x-session-affinity, prompt_cache_key...) as a hint the policy may use
     # (features/session_hint.py, policies/session_home.py).
     session_hints: bool = True
+    # OpenAI Responses (router/api_responses.py): the key that signs the response ids the
+    # router hands out (they name their holder); None: a random one per router, ids die with it.
+    response_id_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.page_size is not None and self.page_size < 1:
@@ -155,6 +158,8 @@ class RouterConfig:
                 "--worker-api-key and --forward-authorization exclude each other: the workers get "
                 "either the router's worker key or the client's own Authorization header"
             )
+        if self.response_id_key is not None and len(self.response_id_key) < 16:
+            raise ValueError("response_id_key must be at least 16 characters (it signs ids)")
         self.worker_specs()  # URL and port checks fail here, at start-up
 
     @property

@@ -25,6 +25,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from smetric_router.router import api_responses
 from smetric_router.router.api_messages import API_KEY_HEADER, stream_dialect
 from smetric_router.router.auth import upstream_auth_line
 from smetric_router.router.drain import SHUTDOWN_CODE, take_ended
@@ -304,7 +305,11 @@ class Proxy:
             headers.update(decision_headers(routed))
             if resp.content_type == "text/event-stream" and resp.status < 400:
                 return await self._stream(request, worker, resp, headers, started, label)
-            return await self._whole(worker, resp, headers, routed, started, label)
+            whole = await self._whole(worker, resp, headers, routed, started, label)
+            ids = api_responses.rewriter(request, worker.url)  # Responses: ids carry the worker
+            if ids is not None and isinstance(whole.body, bytes):
+                whole.body = ids.whole(whole.body)
+            return whole
         finally:
             worker.inflight -= 1
             resp.close()
@@ -358,7 +363,9 @@ class Proxy:
             self.metrics.first_byte(label, time.perf_counter() - started)
 
         dialect = stream_dialect(request.path)  # Anthropic's error event on /v1/messages
-        cut = await copy_stream(out, resp, worker.url, self.metrics, on_first=first, **dialect)
+        ids = api_responses.rewriter(request, worker.url)  # Responses: ids carry the worker
+        body: Body = resp if ids is None else api_responses.RewrittenStream(resp, ids)
+        cut = await copy_stream(out, body, worker.url, self.metrics, on_first=first, **dialect)
         note_cut(request, self.registry, worker, cut)
         return out
 

@@ -52,6 +52,9 @@ class Endpoint(str, Enum):
     GENERATE = "/generate"
     # Anthropic Messages: routed by the chat body SGLang builds of it (router/api_messages.py)
     MESSAGES = "/v1/messages"
+    # OpenAI Responses: by the chat body SGLang builds of it, or to the holder of
+    # previous_response_id (router/api_responses.py)
+    RESPONSES = "/v1/responses"
 
 
 class HitIndex(Protocol):
@@ -115,6 +118,8 @@ class Features(Protocol):
     def prompt_token_ids(self, body: Mapping[str, Any], budget: Budget = ...) -> list[int]: ...
 
     def messages_chat(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def responses_chat(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +325,16 @@ class Router:
         if self.text_tree is not None and features.text:
             self.text_tree.insert(features.text, decision.worker)
         return Routed(features, view, decision)
+
+    def route_to(self, worker: str, model: str | None, reason: str) -> Routed:
+        """A request that only `worker` can serve (it holds state the request continues): no
+        features, a view of that worker alone (so no retry goes elsewhere)."""
+        page_size = self.registry.page_size or DEFAULT_PAGE_SIZE
+        features = RequestFeatures(0, (), page_size, None, 0, model=model)
+        view = self.snapshot(features, model)
+        view = replace(view, workers=tuple(w for w in view.workers if w.url == worker))
+        self.metrics.decided(reason, worker)
+        return Routed(features, view, Decision(worker, reason))
 
     def reroute(self, routed: Routed, excluded: Collection[str]) -> Routed:
         workers = tuple(

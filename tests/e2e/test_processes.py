@@ -59,6 +59,28 @@ def ready_everywhere(stack: Stack, timeout: float = 60) -> set[int]:
         time.sleep(0.2)
 
 
+def test_replicas_accept_each_others_response_ids(stack: Stack) -> None:
+    """Without --response-id-key each router has a random key: its replicas get the same one,
+    so a Responses chain continues whichever replica each request reaches. (Runs before the
+    test that stops the stack.)"""
+    ready_everywhere(stack)
+    previous: str | None = None
+    for turn in range(12):  # a new connection each time: both replicas take part
+        body: dict[str, object] = {"model": "m", "input": f"step {turn}", "max_output_tokens": 4}
+        if previous is not None:
+            body["previous_response_id"] = previous
+        req = urllib.request.Request(
+            stack.url + "/v1/responses",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+            reason = r.headers["x-smetric-reason"]
+            previous = json.load(r)["id"]
+        assert reason == ("first-turn-balance" if turn == 0 else "response-holder"), turn
+
+
 async def test_replicas_share_the_port_and_keep_sessions_sticky(stack: Stack) -> None:
     seen = ready_everywhere(stack)
     # 8 sessions at once: their connections land on both replicas; a follow-up may reach another

@@ -19,6 +19,8 @@ from typing import Any
 import msgspec
 import zmq
 
+from smetric_router.launch.kinds.sglang import TINY_MODEL_NAME
+
 # A prompt of 2.5 pages of 16 tokens, in both workers' vocabulary (the same bundled tokenizer):
 # the second send hits 32 cached tokens.
 PROMPT_IDS = [100 + (7 * i) % 400 for i in range(40)]
@@ -87,6 +89,26 @@ def _messages(**extra: Any) -> dict[str, Any]:
             "system": MESSAGES[0]["content"], "messages": MESSAGES[1:], **extra}  # fmt: skip
 
 
+def _responses(**extra: Any) -> dict[str, Any]:
+    """OpenAI Responses: the chat probes' conversation again (its prompt is cached by then)."""
+    # the real worker's model name (SGLang's Responses endpoint refuses others; any passes
+    # the emulator)
+    body = {"model": TINY_MODEL_NAME, "max_output_tokens": NEW_TOKENS + 2, "temperature": 0.0}
+    return {
+        **body,
+        "instructions": MESSAGES[0]["content"],
+        "input": MESSAGES[1]["content"],
+        **extra,
+    }
+
+
+RESPONSE_ITEMS = [
+    {"role": "user", "content": [{"type": "input_text", "text": "Read a.py"}]},
+    {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": '{"path": "a"}'},
+    {"type": "function_call_output", "call_id": "c1", "output": "x = 1"},
+]
+
+
 PROBES: tuple[Probe, ...] = (
     Probe("flush_cache_post", "POST", "/flush_cache"),
     Probe("health", "GET", "/health"),
@@ -150,6 +172,29 @@ PROBES: tuple[Probe, ...] = (
         _messages(thinking={"type": "enabled", "budget_tokens": 2048}),
     ),
     _json_probe("messages_count_tokens_no_model", "/v1/messages/count_tokens", {"messages": []}),
+    # OpenAI Responses (SGLang with --enable-response-store): GET and cancel of a real id
+    # need the id the reply gave; those go through the router (tests/real_sglang and e2e)
+    _json_probe("responses", "/v1/responses", _responses()),
+    _json_probe("responses_stream", "/v1/responses", _responses(stream=True)),
+    _json_probe(
+        "responses_items",
+        "/v1/responses",
+        _responses(
+            input=RESPONSE_ITEMS,
+            tools=[{"type": "function", "name": "read_file", "parameters": {"type": "object"}}],
+        ),
+    ),
+    _json_probe("responses_not_stored", "/v1/responses", _responses(store=False)),
+    _json_probe("responses_no_input", "/v1/responses", {"model": TINY_MODEL_NAME}),
+    _json_probe(
+        "responses_prev_unknown",
+        "/v1/responses",
+        _responses(previous_response_id="resp_" + "0" * 32),
+    ),
+    _json_probe("responses_prev_invalid", "/v1/responses", _responses(previous_response_id="x")),
+    Probe("responses_get_unknown", "GET", "/v1/responses/resp_" + "0" * 32),
+    Probe("responses_get_invalid", "GET", "/v1/responses/x"),
+    Probe("responses_cancel_unknown", "POST", "/v1/responses/resp_" + "0" * 32 + "/cancel"),
     # malformed requests
     Probe("generate_bad_json", "POST", "/generate", raw=b"{not json"),
     Probe("chat_bad_json", "POST", "/v1/chat/completions", raw=b"{not json"),

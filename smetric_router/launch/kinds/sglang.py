@@ -64,6 +64,10 @@ def server_args(
     args = ["--model-path", model_path(s), "--host", "127.0.0.1" if local else "0.0.0.0",
             "--port", str(port), "--page-size", str(w.page_size), "--enable-cache-report",
             "--tp-size", str(s.tp_size)]  # fmt: skip
+    if role == "null":
+        # previous_response_id, GET and cancel on /v1/responses need the worker's response
+        # store (the router sends each to its holder); SGLang refuses it under PD
+        args += ["--enable-response-store"]
     served = s.served_model_name or (TINY_MODEL_NAME if s.model_path == "tiny" else "")
     if served:
         args += ["--served-model-name", served]
