@@ -493,6 +493,12 @@ class KvEventFeed:
                 )
                 self._reset()
                 await self._warm()
+                if self.last_seq >= 0 and seq > self.last_seq + 1:
+                    # The warm view handed over to the live stream short of this batch: the same
+                    # hole lies between them, and bridging it again would reset on every batch.
+                    # The view starts here instead (a partial history).
+                    self._index.clear(self.url)
+                    self.last_seq = -1
         if self.last_seq < 0 or seq == self.last_seq + 1:
             self._apply(seq, payload)
         # else: seq <= last_seq, already applied from a replay
