@@ -361,5 +361,44 @@ def main() -> None:
     sys.stdout.flush()
 
 
+def run_converted_golden(make: Any, bodies_of: Any) -> None:
+    """main() of the scripts for APIs SGLang converts to chat (golden_messages, golden_responses):
+    `make(config)` builds the checker (check(body), examples, requests, refused, reasons,
+    inline), `bodies_of` is the hypothesis strategy of request bodies."""
+    p = argparse.ArgumentParser()
+    p.add_argument("config")
+    p.add_argument("--examples", type=int, default=500)
+    p.add_argument("--seed", type=int, default=20261201)
+    a = p.parse_args()
+    golden = make(a.config)
+    start = time.perf_counter()
+    failure = None
+    try:
+
+        @seed(a.seed)
+        @settings(max_examples=a.examples, deadline=None, database=None, print_blob=True,
+                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @given(bodies_of)
+        def bodies(body: dict[str, Any]) -> None:
+            golden.check(body)
+
+        bodies()
+    except Exception:
+        failure = traceback.format_exc()[-6000:]
+    out = {
+        "config": a.config,
+        "ok": failure is None,
+        "inline_system": golden.inline,
+        "examples": golden.examples,
+        "requests": golden.requests,
+        "refused": golden.refused,
+        "refusals": dict(golden.reasons.most_common(6)),
+        "seconds": round(time.perf_counter() - start, 1),
+        "failure": failure,
+    }
+    print("RESULT " + json.dumps(out))
+    sys.stdout.flush()
+
+
 if __name__ == "__main__":
     main()

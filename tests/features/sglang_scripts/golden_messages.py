@@ -16,20 +16,16 @@ CONFIG as golden_chat.py (bundled, tiny-coder, qwen3-thinking). Prints `RESULT <
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
-import time
-import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from golden_chat import COLD_PAGE, WARM_PAGE, Golden, name, text
-from hypothesis import HealthCheck, given, seed, settings
+from golden_chat import COLD_PAGE, WARM_PAGE, Golden, name, run_converted_golden, text
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from sglang.srt.entrypoints.anthropic.protocol import AnthropicMessagesRequest
@@ -228,39 +224,7 @@ class GoldenMessages:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("config")
-    p.add_argument("--examples", type=int, default=500)
-    p.add_argument("--seed", type=int, default=20261201)
-    a = p.parse_args()
-    golden = GoldenMessages(a.config)
-    start = time.perf_counter()
-    failure = None
-    try:
-
-        @seed(a.seed)
-        @settings(max_examples=a.examples, deadline=None, database=None, print_blob=True,
-                  suppress_health_check=list(HealthCheck))  # fmt: skip
-        @given(messages_body())
-        def bodies(body: dict[str, Any]) -> None:
-            golden.check(body)
-
-        bodies()
-    except Exception:
-        failure = traceback.format_exc()[-6000:]
-    out = {
-        "config": a.config,
-        "ok": failure is None,
-        "inline_system": golden.inline,
-        "examples": golden.examples,
-        "requests": golden.requests,
-        "refused": golden.refused,
-        "refusals": dict(golden.reasons.most_common(6)),
-        "seconds": round(time.perf_counter() - start, 1),
-        "failure": failure,
-    }
-    print("RESULT " + json.dumps(out))
-    sys.stdout.flush()
+    run_converted_golden(GoldenMessages, messages_body())
 
 
 if __name__ == "__main__":
