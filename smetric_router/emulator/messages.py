@@ -172,21 +172,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 
 async def _sse(request: web.Request, events: AsyncIterator[tuple[str, Json]]) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": srv.SSE_TYPE, "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    die = request.get(srv._DIE_KEY, False)
-    try:
-        async for name, data in events:
-            await resp.write(
-                b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-            )
-            if die:
-                srv._drop_connection(request)
-                return resp
-    except ConnectionResetError:
-        return resp
-    await resp.write_eof()
-    return resp
+    """Anthropic's stream: named events, no [DONE]."""
+    frames = (b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+              async for name, data in events)  # fmt: skip
+    return await srv.write_sse(request, frames)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

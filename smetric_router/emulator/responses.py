@@ -266,20 +266,13 @@ async def create(request: web.Request) -> web.StreamResponse:
 
 
 async def _sse(request: web.Request, events: AsyncIterator[Json]) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": srv.SSE_TYPE, "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    die = request.get(srv._DIE_KEY, False)
-    seq = 0
-    try:
+    """The Responses stream: events named by their type, numbered in order."""
+
+    async def frames() -> AsyncIterator[bytes]:
+        seq = 0
         async for data in events:
             data["sequence_number"] = seq
             seq += 1
-            name = data["type"].encode()
-            await resp.write(b"event: " + name + b"\ndata: " + orjson.dumps(data) + b"\n\n")
-            if die:
-                srv._drop_connection(request)
-                return resp
-    except ConnectionResetError:
-        return resp
-    await resp.write_eof()
-    return resp
+            yield b"event: " + data["type"].encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    return await srv.write_sse(request, frames())

@@ -261,18 +261,29 @@ def _drop_connection(request: web.Request) -> None:
 
 
 async def _sse(request: web.Request, events: AsyncIterator[Json]) -> web.StreamResponse:
+    """OpenAI's stream: `data:` events, then [DONE]."""
+    frames = (b"data: " + orjson.dumps(ev) + b"\n\n" async for ev in events)
+    return await write_sse(request, frames, b"data: [DONE]\n\n")
+
+
+async def write_sse(
+    request: web.Request, frames: AsyncIterator[bytes], last: bytes = b""
+) -> web.StreamResponse:
+    """Write a stream of whole SSE frames, then `last`; an injected fault (`die`) cuts it after
+    the first frame."""
     resp = web.StreamResponse(headers={"Content-Type": SSE_TYPE, "Cache-Control": "no-cache"})
     await resp.prepare(request)
     die = request.get(_DIE_KEY, False)
     try:
-        async for ev in events:
-            await resp.write(b"data: " + orjson.dumps(ev) + b"\n\n")
+        async for frame in frames:
+            await resp.write(frame)
             if die:
                 _drop_connection(request)
                 return resp
     except ConnectionResetError:  # the client went away mid-stream: the request is released
         return resp
-    await resp.write(b"data: [DONE]\n\n")
+    if last:
+        await resp.write(last)
     await resp.write_eof()
     return resp
 
