@@ -156,19 +156,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
         yield "message_delta", end
         yield "message_stop", {"type": "message_stop"}
 
-    runner = em.runner
-    try:
-        if body.get("stream") is True:
-            return await _sse(request, events())
-        if request.get(srv._DIE_KEY, False):
-            srv._drop_connection(request)
-            return web.Response()
-        await srv._finished(t)
-        if t.error_status is not None:
-            return error(t.error_status, "Internal server error")
-        return json_response(whole())
-    finally:
-        runner.release(sub.rid)
+    streamed = (lambda: _sse(request, events())) if body.get("stream") is True else None
+    return await srv.answer(
+        request, sub, streamed, whole, lambda: error(t.error_status or 500, "Internal server error")
+    )
 
 
 async def _sse(request: web.Request, events: AsyncIterator[tuple[str, Json]]) -> web.StreamResponse:

@@ -251,18 +251,11 @@ async def create(request: web.Request) -> web.StreamResponse:
         out = final()
         yield {"type": f"response.{out['status']}", "response": out}
 
-    try:
-        if body.get("stream") is True:
-            return await _sse(request, events())
-        if request.get(srv._DIE_KEY, False):
-            srv._drop_connection(request)
-            return web.Response()
-        await srv._finished(t)
-        if t.error_status is not None:
-            return error(t.error_status, "Internal server error", "InternalServerError")
-        return json_response(final())
-    finally:
-        em.runner.release(sub.rid)
+    def failed() -> web.Response:
+        return error(t.error_status or 500, "Internal server error", "InternalServerError")
+
+    streamed = (lambda: _sse(request, events())) if body.get("stream") is True else None
+    return await srv.answer(request, sub, streamed, final, failed)
 
 
 async def _sse(request: web.Request, events: AsyncIterator[Json]) -> web.StreamResponse:

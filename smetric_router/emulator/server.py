@@ -464,22 +464,39 @@ async def _run(
     chunks: Callable[[], AsyncIterator[Json]],
     whole: Callable[[], Json],
 ) -> web.StreamResponse:
-    runner = request.app[EMULATOR].runner
     t = sub.t
+
+    def failed() -> web.Response:
+        body = _error_body(t.abort_message or "request failed", t.error_status or 500)
+        wrapped = body if request.path != "/generate" else {"error": body}
+        return json_response(wrapped, t.error_status or 500)
+
+    streamed = (lambda: _sse(request, _or_error(t, chunks()))) if stream else None
+    return await answer(request, sub, streamed, whole, failed)
+
+
+async def answer(
+    request: web.Request,
+    sub: _Submission,
+    streamed: Callable[[], Awaitable[web.StreamResponse]] | None,
+    whole: Callable[[], Json],
+    failed: Callable[[], web.Response],
+) -> web.StreamResponse:
+    """Answer a submitted request in its API's shapes: its stream, or once it has finished, the
+    whole reply (`failed()` when it ended in an error); an injected death drops the connection.
+    The runner's slot is released whichever way it ends."""
     try:
-        if stream:
-            return await _sse(request, _or_error(t, chunks()))
+        if streamed is not None:
+            return await streamed()
         if request.get(_DIE_KEY, False):
             _drop_connection(request)
             return web.Response()
-        await _finished(t)
-        if t.error_status is not None:
-            body = _error_body(t.abort_message or "request failed", t.error_status)
-            wrapped = body if request.path != "/generate" else {"error": body}
-            return json_response(wrapped, t.error_status)
+        await _finished(sub.t)
+        if sub.t.error_status is not None:
+            return failed()
         return json_response(whole())
     finally:
-        runner.release(sub.rid)
+        request.app[EMULATOR].runner.release(sub.rid)
 
 
 def _generate_prompt(em: Emulator, body: Json) -> tuple[list[int], int, bool]:
