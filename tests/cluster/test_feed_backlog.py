@@ -51,9 +51,11 @@ async def until(cond: Callable[[], bool], what: str, timeout_s: float) -> float:
     return time.monotonic() - t0
 
 
-@pytest.fixture
-async def worker() -> AsyncIterator[tuple[str, KvEventPublisher]]:
-    pub = KvEventPublisher("tcp://127.0.0.1:*", None, topic="kv")
+@contextlib.asynccontextmanager
+async def serving_worker(replay: bool = False) -> AsyncIterator[tuple[str, KvEventPublisher]]:
+    """A worker's /server_info naming a real KV-event publisher (with a replay socket if asked);
+    yields (its URL, the publisher)."""
+    pub = KvEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*" if replay else None, topic="kv")
     kv = {
         "publisher": "zmq",
         "endpoint_host": "127.0.0.1",
@@ -62,6 +64,8 @@ async def worker() -> AsyncIterator[tuple[str, KvEventPublisher]]:
         "endpoint_port_base": int(pub.endpoint.rsplit(":", 1)[1]),
         "dp_size": 1,
     }
+    if replay:
+        kv["replay_endpoint_port_base"] = int(str(pub.replay_endpoint).rsplit(":", 1)[1])
 
     async def info(_: web.Request) -> web.Response:
         return web.json_response({"page_size": PAGE, "kv_events": kv})
@@ -75,6 +79,12 @@ async def worker() -> AsyncIterator[tuple[str, KvEventPublisher]]:
     finally:
         await server.close()
         pub.close()
+
+
+@pytest.fixture
+async def worker() -> AsyncIterator[tuple[str, KvEventPublisher]]:
+    async with serving_worker() as w:
+        yield w
 
 
 async def hog() -> None:

@@ -19,13 +19,11 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.subscriber import KvEventFeed
 from smetric_router.emulator.kv_publisher import KvEventPublisher
-from tests.cluster.test_feed_backlog import PAGE, hog, stored, until
+from tests.cluster.test_feed_backlog import PAGE, hog, serving_worker, stored, until
 
 HISTORY = 300  # batches the worker published before the feed connects
 EVERY_S = 0.001  # the worker's publishing interval under load
@@ -34,29 +32,8 @@ LIVE_DEADLINE_S = 4.0  # the chasing warm-up read no live batch for >= 10 s here
 
 @pytest.fixture
 async def worker() -> AsyncIterator[tuple[str, KvEventPublisher]]:
-    pub = KvEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", topic="kv")
-    kv = {
-        "publisher": "zmq",
-        "endpoint_host": "127.0.0.1",
-        "topic": "kv",
-        "block_size": PAGE,
-        "endpoint_port_base": int(pub.endpoint.rsplit(":", 1)[1]),
-        "replay_endpoint_port_base": int(str(pub.replay_endpoint).rsplit(":", 1)[1]),
-        "dp_size": 1,
-    }
-
-    async def info(_: web.Request) -> web.Response:
-        return web.json_response({"page_size": PAGE, "kv_events": kv})
-
-    app = web.Application()
-    app.router.add_get("/server_info", info)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield f"http://127.0.0.1:{server.port}", pub
-    finally:
-        await server.close()
-        pub.close()
+    async with serving_worker(replay=True) as w:
+        yield w
 
 
 def chain(pub: KvEventPublisher, i: int) -> None:
