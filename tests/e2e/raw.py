@@ -69,3 +69,15 @@ async def wait_indexed(
         return (await router_hits(http, router, ids)).get(worker, 0) >= full
 
     await eventually(held, f"{worker}'s KV events for {full} tokens to reach the router")
+
+
+async def stream_cut_by_its_worker(router: str, worker: str, path: str, body: Any) -> list[str]:
+    """Stream `body` to `path` through the router while `worker` (the only one) dies after its
+    first event; the SSE frames the client got."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(worker + "/emulator/faults", json={"die_mid_stream_next": 1}) as r:
+            assert r.status == 200
+        async with http.post(router + path, json=body) as r:
+            assert r.status == 200
+            text = (await r.read()).decode()
+    return [f for f in text.split("\n\n") if f.strip()]

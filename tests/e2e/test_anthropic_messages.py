@@ -15,6 +15,7 @@ import pytest
 
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP, StackFactory
+from tests.e2e.raw import stream_cut_by_its_worker
 
 SYSTEM = "You are a coding agent working in a Python repository. " * 8
 TOOLS: list[Any] = [
@@ -185,17 +186,11 @@ async def test_worker_lost_mid_stream_ends_with_an_anthropic_error_event(
         "stream": True,
         "messages": [{"role": "user", "content": "Explain list comprehensions."}],
     }
-    async with aiohttp.ClientSession() as http:
-        async with http.post(worker + "/emulator/faults", json={"die_mid_stream_next": 1}) as r:
-            assert r.status == 200
-        async with http.post(stack.url + "/v1/messages", json=body) as r:
-            assert r.status == 200
-            text = (await r.read()).decode()
-    frames = [f for f in text.split("\n\n") if f.strip()]
-    assert frames[0].startswith("event: message_start"), text
+    frames = await stream_cut_by_its_worker(stack.url, worker, "/v1/messages", body)
+    assert frames[0].startswith("event: message_start"), frames
     last = frames[-1].splitlines()
-    assert last[0] == "event: error", text
+    assert last[0] == "event: error", frames
     data = json.loads(last[1].removeprefix("data: "))
     assert data["type"] == "error" and data["error"]["type"] == "api_error", data
     assert "lost mid-stream" in data["error"]["message"]
-    assert "[DONE]" not in text
+    assert all("[DONE]" not in f for f in frames)

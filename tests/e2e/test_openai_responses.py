@@ -18,6 +18,7 @@ import pytest
 
 from smetric_router.router.api_responses import ResponseIds
 from tests.e2e.conftest import StackFactory
+from tests.e2e.raw import stream_cut_by_its_worker
 
 INSTRUCTIONS = "You are a coding agent working in a Python repository. " * 8
 TOOLS: list[Any] = [
@@ -198,16 +199,10 @@ async def test_worker_lost_mid_stream_ends_with_an_error(make_stack: StackFactor
     worker = stack.worker_urls[0]
     body = {"model": "m", "input": "Explain list comprehensions.", "max_output_tokens": 40,
             "stream": True}  # fmt: skip
-    async with aiohttp.ClientSession() as http:
-        async with http.post(worker + "/emulator/faults", json={"die_mid_stream_next": 1}) as r:
-            assert r.status == 200
-        async with http.post(stack.url + "/v1/responses", json=body) as r:
-            assert r.status == 200
-            text = (await r.read()).decode()
-    frames = [f for f in text.split("\n\n") if f.strip()]
-    assert frames[0].startswith("event: response.created"), text
+    frames = await stream_cut_by_its_worker(stack.url, worker, "/v1/responses", body)
+    assert frames[0].startswith("event: response.created"), frames
     first = json.loads(frames[0].split("data: ", 1)[1])
     assert not WORKER_ID.fullmatch(first["response"]["id"]), first  # rewritten all the same
     data = json.loads(frames[-2].removeprefix("data: "))
-    assert "lost mid-stream" in data["error"]["message"], text
-    assert frames[-1] == "data: [DONE]", text
+    assert "lost mid-stream" in data["error"]["message"], frames
+    assert frames[-1] == "data: [DONE]", frames
