@@ -1,0 +1,110 @@
+"""benchmarks/repro_colocated.py: cache keys that name every setting, spread over trace seeds,
+per-window figures read from the run rows, and the figures end to end on a tiny trace."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks import repro_colocated as rc
+
+
+def test_the_cache_key_names_every_setting_and_the_code() -> None:
+    base = rc.Spec("bailian", 1.5, lam=0.6)
+    changed = {
+        "policy": "smetric",
+        "rate": 2.0,
+        "ratio": 1.6,
+        "seed": 2,
+        "tier_mode": "hicache",
+        "nics": 2,
+        "nic_gbps": 7.5,
+        "fetch_ms": 2.0,
+        "overload": 3.0,
+        "slack": 1.0,
+        "hit_ratio": 0.25,
+        "lam": 0.7,
+    }
+    assert set(changed) | {"prefetch"} == {f.name for f in dataclasses.fields(rc.Spec)}
+    for name, value in changed.items():
+        other = dataclasses.replace(base, **{name: value})
+        assert other.key() != base.key(), name
+    # the prefetch policy is HiCache's: it names HiCache runs and leaves paper runs alone
+    hic = dataclasses.replace(base, tier_mode="hicache")
+    assert dataclasses.replace(hic, prefetch="best_effort").key() != hic.key()
+    assert rc.CODE_VERSION["model"] in base.key()
+
+
+def test_the_cache_key_names_the_study_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = rc.Spec("smetric", 1.5)
+    before = spec.key()
+    monkeypatch.setattr(rc, "STUDY", dataclasses.replace(rc.STUDY, skip=500))
+    assert spec.key() != before
+    monkeypatch.setattr(rc, "STUDY", dataclasses.replace(rc.STUDY, extra_args=("--x", "1")))
+    assert spec.key() != before
+
+
+def test_a_changed_source_file_changes_the_code_version(tmp_path: Path) -> None:
+    assert rc._source_hash("sim") == rc._source_hash("sim")
+    assert rc._source_hash("sim") != rc._source_hash("engine")
+
+
+def test_spread_is_the_mean_and_the_range_over_seeds() -> None:
+    s = rc.spread([1.0, 1.2, 1.1])
+    assert s.mean == pytest.approx(1.1)
+    assert (s.lo, s.hi) == (1.0, 1.2)
+    assert s.fmt() == "1.100 [1.000–1.200]"
+    assert rc.spread([0.5]).pct() == "50.0 %"
+    with pytest.raises(ValueError):
+        rc.spread([])
+
+
+def test_per_window_imbalance_is_read_from_the_rows_windows() -> None:
+    row = {
+        "windows": [[10, 10], [30, 10], [0, 0], [5, 15], [100, 0]],  # the last: the drain
+        "arrival_windows": 4,
+    }
+    assert rc.row_imbalance(row) == pytest.approx([1.0, 1.5, 1.5])
+    # minutes of two 30 s windows: (40, 20) -> 1.33, then (5, 15) alone -> 1.5
+    assert rc.row_imbalance(row, group=2) == pytest.approx([40 / 30, 1.5])
+
+
+def test_the_figures_end_to_end_on_a_tiny_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every figure's file from a few hundred requests on two trace seeds: the script runs
+    against the simulator's interface (tiers, per-window rows) without failing late."""
+    monkeypatch.setattr(rc, "WORK", tmp_path)
+    monkeypatch.setattr(rc, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(rc, "RESULTS", tmp_path / "results")
+    (tmp_path / "results").mkdir()
+    monkeypatch.setattr(rc, "STUDY", rc.Study(sessions=40, limit=60, seeds=(1, 2)))
+    monkeypatch.setattr(rc, "SEEDS", (1, 2))
+    monkeypatch.setattr(rc, "SWEEP", (1.0, 2.0))
+    monkeypatch.setattr(rc, "AT", 2.0)
+    monkeypatch.setattr(rc, "LAMBDAS", (0.5, 0.6))
+    monkeypatch.setattr(rc, "OVERLOADS", (2.0, math.inf))
+    monkeypatch.setattr(rc, "HITS", (0.5,))
+    monkeypatch.setattr(rc, "PROVISIONING", (0.0, math.inf))
+    monkeypatch.setattr(rc, "NICS", (1,))
+    monkeypatch.setattr(rc, "DEGRADED_GBPS", (5.0,))
+    monkeypatch.setattr(rc, "_traces", {})
+    monkeypatch.setattr(rc, "_chosen", [])
+    assert rc.main(["all"]) == 0
+    for name in rc.FIGS:
+        text = (tmp_path / "results" / f"{name}.md").read_text()
+        assert f"python -m benchmarks.repro_colocated {name}" in text
+        assert rc.CODE_VERSION["model"] in text
+    acc = (tmp_path / "results" / "acceptance.md").read_text()
+    assert "load_balance local hit share, no global tier" in acc
+    assert "[" in acc  # two seeds: a range beside the mean
+    rows = [f for f in (tmp_path / "cache").iterdir() if f.suffix == ".json"]
+    assert rows
+    # rerunning reads the cache: no new run
+    before = {f.name: f.stat().st_mtime_ns for f in rows}
+    assert rc.main(["fig14"]) == 0
+    after = {f.name: f.stat().st_mtime_ns for f in (tmp_path / "cache").iterdir()}
+    assert after == before
