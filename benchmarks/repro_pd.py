@@ -1,25 +1,29 @@
 """Reproduce the paper's PD-disaggregation figures (21-23) with the simulator's PD mode.
 
-    python benchmarks/repro_pd.py --out benchmarks/results   # ~12 min CPU, one core
+    python benchmarks/repro_pd.py --out benchmarks/results --jobs 2
 
-Workload: a generated agentic trace (`smetric_router.traces.generate`, seed 0, 1,500 root
-sessions). The request rate is swept by the session start window (--durations; same sessions,
-same intra-session timing, only the session starts are packed tighter), not by compressing the
-whole trace in time, so an agent's next turn never arrives before its previous turn could have
-finished. Only requests arriving inside the start window are replayed (the hour-later resumes
-and the ramp-down after it would otherwise dominate the span of the TPS denominator).
+Workload: a generated agentic trace (`smetric_router.traces.generate` with its defaults, seed 0,
+--sessions root sessions). The request rate is swept by the session start window (--durations;
+same sessions, same intra-session timing, only the session starts are packed tighter), not by
+compressing the whole trace in time, so an agent's next turn never arrives before its previous
+turn could have finished. Only requests arriving inside the start window are replayed (the
+hour-later resumes and the ramp-down after it would otherwise dominate the span of the TPS
+denominator).
 
-Cluster: --instances prefill instances of the H20 Qwen3-30B-A3B profile (8 = one server; the
-paper runs 32: the CPU budget of this study does not stretch to 32 at a load near the knee).
+Cluster: --instances prefill instances of the H20 Qwen3-30B-A3B profile (32, the paper's), in
+the simulator's paper tier mode by default (GPU tier only + a global tier of ratio x the
+cluster's GPU KV behind one 21.75 GB/s NIC per 8-GPU server; --tier-mode hicache for SGLang's).
 
-Writes fig21_23_pd.json (every row, sim JSON schema with the PD fields) and four PNGs into --out,
-and prints the markdown tables that benchmarks/results/fig21_23_pd.md quotes.
+Writes fig21_23_pd.json (every row, sim JSON schema with the PD fields), four PNGs and
+fig21_23_pd.md (the command, the setting and the tables) into --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +43,10 @@ from smetric_router.traces.loaders import load_trace
 from smetric_router.traces.schema import TraceRequest
 
 POLICIES = ("smetric", "bailian", "lmetric", "load_balance")
+# 32 prefill instances (the paper's); the rates are set by the start windows
+SESSIONS = 6000
+DURATIONS = (800.0, 540.0, 400.0)
+RATIOS = (0.0, 1.6, math.inf)
 
 
 def _floats(text: str) -> list[float]:
@@ -51,37 +59,60 @@ def window_trace(path: Path, duration: float) -> list[TraceRequest]:
     return [r for r in trace if r.arrival_s - t0 <= duration]
 
 
-def sweep(args: argparse.Namespace, work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    cfg = pd_params(SimConfig(instances=args.instances))
+_TRACES: dict[float, tuple[list[TraceRequest], Any]] = {}  # duration -> (trace, its pages)
+
+
+def _one(task: tuple[argparse.Namespace, float, float, str]) -> tuple[dict[str, Any], Any]:
+    """One run: its row, and its TTFT samples where Figure 23 reads them (else None)."""
+    args, duration, ratio, name = task
+    cfg = _config(args)
+    trace, pages = _TRACES[duration]
     base = args.base_s or max(args.durations)
-    rows: list[dict[str, Any]] = []
-    ttfts: dict[str, Any] = {}  # policy -> TTFT samples of the latency run (Figure 23)
-    latency_rate = base / sorted(args.durations)[len(args.durations) // 2]
-    for duration in sorted(args.durations, reverse=True):
+    rate = base / duration
+    t = time.perf_counter()
+    res = PdCluster(cfg, make_policy(name, cfg.params), ratio).run(trace, 1.0, None, pages)
+    row = summarize_pd(res, cfg.slo, name, rate, ratio)
+    row["requests"] = len(trace)
+    row["wall_s"] = time.perf_counter() - t
+    print(
+        f"rate {rate:.2f} global {ratio:g} {name:12s} "
+        f"prefill TPS@SLO {row['prefill_tps_within_slo']:8.0f} "
+        f"TTFT p50 {row['ttft_p50']:6.2f} ({row['wall_s']:.1f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    latency = math.isinf(ratio) and duration == _latency_duration(args)
+    return row, [r.first_token - r.arrival for r in res.records] if latency else None
+
+
+def _config(args: argparse.Namespace) -> SimConfig:
+    return pd_params(SimConfig(instances=args.instances, tier_mode=args.tier_mode))
+
+
+def _latency_duration(args: argparse.Namespace) -> float:
+    return float(sorted(args.durations)[len(args.durations) // 2])
+
+
+def sweep(args: argparse.Namespace, work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    cfg = _config(args)
+    for duration in args.durations:
         path = work / f"agentic-{args.sessions}-{duration:g}s.jsonl"
         generate(GenConfig(sessions=args.sessions, seed=args.seed, duration_s=duration), path)
         trace = window_trace(path, duration)
-        pages = trace_pages(trace, cfg.page_size)
-        rate = base / duration
-        for ratio in args.global_ratios:
-            for name in args.policies:
-                t = time.perf_counter()
-                res = PdCluster(cfg, make_policy(name, cfg.params), ratio).run(
-                    trace, 1.0, None, pages
-                )
-                row = summarize_pd(res, cfg.slo, name, rate, ratio)
-                row["requests"] = len(trace)
-                row["wall_s"] = time.perf_counter() - t
-                rows.append(row)
-                if math.isinf(ratio) and rate == latency_rate:
-                    ttfts[name] = [r.first_token - r.arrival for r in res.records]
-                print(
-                    f"rate {rate:.2f} global {ratio:g} {name:12s} "
-                    f"prefill TPS@SLO {row['prefill_tps_within_slo']:8.0f} "
-                    f"TTFT p50 {row['ttft_p50']:6.2f} ({row['wall_s']:.1f} s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        _TRACES[duration] = (trace, trace_pages(trace, cfg.page_size))
+    tasks = [
+        (args, d, g, p)
+        for d in sorted(args.durations, reverse=True)
+        for g in args.global_ratios
+        for p in args.policies
+    ]
+    if args.jobs > 1:  # forked workers inherit the traces
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            done = pool.map(_one, tasks, chunksize=1)
+    else:
+        done = [_one(t) for t in tasks]
+    rows = [row for row, _ in done]
+    ttfts = {t[3]: s for t, (_, s) in zip(tasks, done, strict=True) if s is not None}
     return rows, ttfts
 
 
@@ -179,6 +210,40 @@ def plots(rows: Sequence[dict[str, Any]], ttfts: dict[str, Any], out: Path) -> l
     return written
 
 
+def _document(
+    args: argparse.Namespace, argv: Sequence[str] | None, doc: dict[str, Any], text: str
+) -> str:
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    given = " ".join(sys.argv[1:] if argv is None else argv)
+    n = sorted({r["requests"] for r in doc["rows"]})
+    return "\n".join(
+        [
+            "# Figures 21–23: SMetric under PD disaggregation (simulator, prefill instances only)",
+            "",
+            f"Command: `python benchmarks/repro_pd.py {given}` at commit {head} (wall "
+            f"{doc['wall_s'] / 60:.1f} min, CPU {doc['cpu_s'] / 60:.1f} min in the parent; "
+            "simulated, not measured).",
+            "",
+            f"Setting: {args.instances} prefill instances (h20-qwen3-coder-30b-a3b), tier mode "
+            f"`{args.tier_mode}`; traces `python -m smetric_router.traces generate --sessions "
+            f"{args.sessions} --seed {args.seed} --duration-s D` for D in "
+            f"{', '.join(f'{d:g}' for d in args.durations)} s, each replayed over its start "
+            f"window ({n[0]:,}–{n[-1]:,} requests); rate = the longest window / D. Global tier: "
+            f"{', '.join(f'{g:g}' for g in args.global_ratios)} x the cluster's GPU KV. One "
+            "trace seed (no spread). Prefill TPS counts prompt tokens whose KV is produced "
+            "(computed or reused) per second; the SLO is the TTFT part of the simulator's.",
+            "",
+            text,
+            "",
+            "![21a](fig21a_pd_rate_sweep.png) ![22a](fig22a_pd_global_tier.png) "
+            "![22b](fig22b_pd_reuse.png) ![23](fig23_pd_ttft_cdf.png)",
+            "",
+        ]
+    )
+
+
 def _save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -189,16 +254,35 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--sessions", type=int, default=1500)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--instances", type=int, default=8)
-    p.add_argument("--durations", type=_floats, default=[800.0, 600.0, 480.0, 400.0, 340.0])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")
+    p.add_argument("--sessions", type=int, default=SESSIONS, help="root sessions per trace")
+    p.add_argument("--seed", type=int, default=0, help="trace seed")
+    p.add_argument("--instances", type=int, default=32, help="prefill instances (paper: 32)")
+    p.add_argument(
+        "--durations",
+        type=_floats,
+        default=list(DURATIONS),
+        help="session start windows in s, one trace each; shorter = a higher request rate",
+    )
     p.add_argument(
         "--base-s", type=float, default=None, help="duration of rate 1 (default: the longest)"
     )
-    p.add_argument("--global-ratios", type=_floats, default=[0.0, 0.5, 1.6, math.inf])
+    p.add_argument(
+        "--global-ratios",
+        type=_floats,
+        default=list(RATIOS),
+        help="global-tier capacity, x the cluster's GPU KV (inf: never binds, 0: none)",
+    )
+    p.add_argument(
+        "--tier-mode",
+        choices=("paper", "hicache"),
+        default="paper",
+        help="the simulator's tier mode (SimConfig.tier_mode)",
+    )
+    p.add_argument("--jobs", type=int, default=1, help="simulator runs in parallel processes")
     p.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
     args = p.parse_args(argv)
     if "smetric" not in args.policies:
@@ -216,7 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "fig21_23_pd.json").write_bytes(
         orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY, default=str)
     )
-    print(tables(rows, args.policies))
+    text = tables(rows, args.policies)
+    print(text)
+    (args.out / "fig21_23_pd.md").write_text(_document(args, argv, doc, text))
     for path in plots(rows, ttfts, args.out):
         print(f"wrote {path}", file=sys.stderr)
     print(f"\nwall {doc['wall_s']:.0f} s, CPU {doc['cpu_s']:.0f} s", file=sys.stderr)
