@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +66,16 @@ class Study:
 
     sessions / extra_args: `python -m smetric_router.traces generate --sessions N --seed S` plus
     these flags; skip / limit: the replayed requests are trace[skip : skip + limit] in arrival
-    order (a steady-state window of >= 8,000 requests).
+    order (None: to the end of the file). The generator writes a steady-state window after a 2 h
+    warm-up (trace_stats.md), so the study replays each whole file: 8,725-9,497 requests.
     """
 
-    sessions: int = 4000
+    sessions: int = 200
     extra_args: tuple[str, ...] = ()
     skip: int = 0
-    limit: int = 8000
+    limit: int | None = None
     seeds: tuple[int, ...] = (1, 2, 3)
+    min_requests: int = 8000
 
     def path(self, seed: int) -> Path:
         flags = "".join(self.extra_args).replace("-", "")
@@ -89,7 +91,14 @@ class Study:
         )
 
     def window(self) -> str:
-        return f"requests {self.skip:,}–{self.skip + self.limit:,} in arrival order"
+        if self.skip == 0 and self.limit is None:
+            return "the whole file"
+        end = "the end" if self.limit is None else f"{self.skip + self.limit:,}"
+        return f"requests {self.skip:,} to {end} in arrival order"
+
+    def tag(self) -> str:
+        flags = "".join(self.extra_args).replace("-", "")
+        return f"{self.sessions}{flags}-k{self.skip}-l{self.limit}"
 
 
 def _source_hash(*packages: str) -> str:
@@ -155,9 +164,8 @@ class Spec:
             + (f"-{self.prefetch}" if self.tier_mode == "hicache" else "")
         )
         return (
-            f"{CODE_VERSION['model']}-{STUDY.sessions}s{self.seed}"
-            f"{''.join(STUDY.extra_args).replace('-', '')}-k{STUDY.skip}-l{STUDY.limit}"
-            f"-{self.policy}-r{self.rate * BASE_RATE:g}-{tier}"
+            f"{CODE_VERSION['model']}-{STUDY.tag()}-s{self.seed}-{self.policy}"
+            f"-r{self.rate * BASE_RATE:g}-{tier}"
             f"-o{self.overload:g}-s{self.slack:g}-h{self.hit_ratio:g}"
             + (f"-lam{self.bailian_lam():g}" if self.policy == "bailian" else "")
         )
@@ -192,8 +200,10 @@ def trace(seed: int) -> list[TraceRequest]:
             WORK.mkdir(parents=True, exist_ok=True)
             cmd = STUDY.command(seed).split()
             subprocess.run([sys.executable, *cmd[1:]], check=True, cwd=REPO)
-        reqs = load_trace(path, "bailian")[STUDY.skip : STUDY.skip + STUDY.limit]
-        if len(reqs) < STUDY.limit:
+        reqs = load_trace(path, "bailian")
+        end = None if STUDY.limit is None else STUDY.skip + STUDY.limit
+        reqs = reqs[STUDY.skip : end]
+        if len(reqs) < STUDY.min_requests:
             raise SystemExit(f"{path}: only {len(reqs)} requests in the window")
         _traces[seed] = reqs
     return _traces[seed]
@@ -749,12 +759,10 @@ def fig12() -> None:
     write("fig12", "Figure 12 — follow-up stickiness", body, rows)
 
 
-BASIC = {"overload": math.inf, "slack": math.inf, "hit_ratio": 0.0}
-
-
 def fig14_specs() -> list[Spec]:
+    basic = [Spec("smetric", AT, overload=math.inf, slack=math.inf, hit_ratio=0.0)]
     return [Spec("smetric", AT, seed=s) for s in SEEDS] + [
-        Spec("smetric", AT, seed=s, **BASIC) for s in SEEDS
+        replace(b, seed=s) for b in basic for s in SEEDS
     ]
 
 
@@ -1301,8 +1309,8 @@ def plan(names: Sequence[str]) -> list[Spec]:
     for name in names:
         specs = FIGS[name].specs()
         new = [s for s in dict.fromkeys(specs) if s not in seen]
-        todo = sum(not cached(s) for s in new)
-        print(f"{name}: {len(set(specs))} runs, {len(new)} not in an earlier figure, {todo} to run")
+        n = sum(not cached(s) for s in new)
+        print(f"{name}: {len(set(specs))} runs, {len(new)} not in an earlier figure, {n} to run")
         seen.update(dict.fromkeys(new))
     todo = [s for s in seen if not cached(s)]
     print(f"total: {len(seen)} runs, {len(todo)} to run")

@@ -81,7 +81,7 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
     monkeypatch.setattr(rc, "CACHE", tmp_path / "cache")
     monkeypatch.setattr(rc, "RESULTS", tmp_path / "results")
     (tmp_path / "results").mkdir()
-    monkeypatch.setattr(rc, "STUDY", rc.Study(sessions=40, limit=60, seeds=(1, 2)))
+    monkeypatch.setattr(rc, "STUDY", rc.Study(sessions=40, limit=60, seeds=(1, 2), min_requests=60))
     monkeypatch.setattr(rc, "SEEDS", (1, 2))
     monkeypatch.setattr(rc, "SWEEP", (1.0, 2.0))
     monkeypatch.setattr(rc, "AT", 2.0)
