@@ -81,8 +81,9 @@ def main() -> int:
         "",
         f"Machine: {platform.processor() or platform.machine()}, Python "
         f"{platform.python_version()}, pinned to one core; peak RSS {peak_mb:.0f} MB. 32 instances "
-        "of the default profile (h20-qwen3-coder-30b-a3b, 16-token pages, host tier 2x GPU), "
-        "fully provisioned global tier, rate scale 1.",
+        f"of the default profile (h20-qwen3-coder-30b-a3b, 16-token pages), tier mode "
+        f"`{SimConfig().tier_mode}` (the simulator's default), fully provisioned global tier, "
+        "rate scale 1.",
         "",
         "| trace | requests | wall s | CPU s | target s | met |",
         "|---|---|---|---|---|---|",
