@@ -444,7 +444,7 @@ def probe() -> None:
     print(f"rule's BASE_RATE: {max(ok) if ok else 'none (all below 90 %)'}")
 
 
-LAMBDAS = (0.5, 0.6, 0.7)  # issue 3 swept 0.3-0.9; its threshold lay at 0.6-0.7 (CPU budget)
+LAMBDAS = (0.5, 0.6, 0.7, 0.8, 0.9)  # issue 3 swept 0.3-0.9 (CPU budget: from 0.5)
 # The paper's Bailian imbalance over load-balance-only's: 2.7 / 2.1 (Fig 11c), 3.0 / 2.0 (Fig 15b)
 PAPER_BAILIAN_OVER_LB = (2.7 / 2.1, 3.0 / 2.0)
 
