@@ -30,7 +30,8 @@ Calibration knobs (`GenConfig`) and the published fact each one targets:
   session, TraceLab; the paper: first requests "only a small fraction of all requests"):
   `user_continue_p` (geometric number of user messages, mean 1 / (1 - p)) times
   `loop_turns_median` / `loop_turns_sigma` (agent turns after each user message, at least one: the
-  draw is max(1, round(lognormal)), whose median is the knob) -> a whole session (forks included) has median ~31 / mean ~52 requests.
+  draw is max(1, round(lognormal)), whose median is the knob): a whole session, forks included,
+  has median ~31 / mean ~52 requests and lasts median ~30 / mean ~54 min.
 - System prompts, 18-20 % of reuse (paper Fig. 5), "similar prompt template ... per agent
   framework" (§3): `templates` (tens of agent types), `template_zipf` (their popularity),
   `template_tokens_*` (a few K tokens each: instructions + tool schemas). Every request of a session
