@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 
 from smetric_router.traces.generate import WARMUP_S, GenConfig, generate
-from smetric_router.traces.loaders import FORMATS, TraceError, load_trace
+from smetric_router.traces.loaders import FORMATS, load_trace
 from smetric_router.traces.stats import compute_stats, format_table
 
 
@@ -57,6 +57,7 @@ def _cmd_generate(args: argparse.Namespace) -> None:
         seed=args.seed,
         duration_s=args.duration_s,
         warmup_s=args.warmup_s,
+        lead_in_s=args.lead_in_s,
         block_size=args.block_size,
         instances=args.instances,
         rpm_per_instance=args.rpm_per_instance,
@@ -74,7 +75,8 @@ MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake
 
 
 def _cmd_stats(args: argparse.Namespace) -> None:
-    st = compute_stats(load_trace(args.trace, args.format, args.block_size), args.instances)
+    reqs = load_trace(args.trace, args.format, args.block_size)
+    st = compute_stats(reqs, args.instances, args.from_s)
     ref = None
     if args.compare == "auto":
         args.compare = str(MOONCAKE) if MOONCAKE.exists() else "none"
@@ -132,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
         "their requests before it are not written (default %(default)g s; 0: all sessions start "
         "in the window, which then begins with young sessions)",
     )
+    p.add_argument(
+        "--lead-in-s",
+        type=float,
+        default=0.0,
+        help="also write the last this-many seconds of the warm-up, shifting timestamps so the "
+        "window starts here: a replay can warm its caches on them and measure from this time "
+        "(`stats --from-s`); at most --warmup-s (default %(default)g: the file is the window)",
+    )
     p.add_argument("--block-size", type=_positive_int, default=16, help="tokens per hash id")
     p.add_argument(
         "--instances", type=_positive_int, default=32, help="cluster size for the default rate"
@@ -156,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--instances", type=_positive_int, default=32, help="cluster size for requests/min/instance"
     )
     p.add_argument(
+        "--from-s",
+        type=float,
+        default=0.0,
+        help="characterize the requests arriving from this time on; earlier ones only fill the "
+        "store (a generated trace's --lead-in-s; default %(default)g: all requests)",
+    )
+    p.add_argument(
         "--compare",
         default="auto",
         metavar="TRACE|auto|none",
@@ -172,6 +189,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         args.run(args)
-    except TraceError as exc:
+    except ValueError as exc:  # TraceError, or options the generator or stats refuse
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -23,7 +23,10 @@ a running workload: `sessions` root sessions start (uniformly, i.e. Poisson) dur
 the `warmup_s` before it (same start rate) contribute their later requests; requests before 0 or
 at/after D are not written. A follow-up whose earlier turns fell before the window keeps its turn
 number and names its missing parent by an id absent from the file (as in a trace cut out of a
-longer one), so it has no first request in the file.
+longer one), so it has no first request in the file. A replay starts with empty caches, so the
+window's first minutes miss every carried-over session's history; `lead_in_s` also writes the
+warm-up's last seconds (timestamps shift so the window starts at `lead_in_s`) for a replay to warm
+its caches on and measure from there (`traces stats --from-s`).
 
 Calibration knobs (`GenConfig`) and the published fact each one targets:
 - Turns per session (median 33 turns in Codex sessions, vLLM x Mooncake study; ~80 LLM steps per
@@ -77,6 +80,7 @@ class GenConfig:
     seed: int = 0
     duration_s: float | None = None  # window length; None: set by rpm_per_instance * instances
     warmup_s: float = WARMUP_S
+    lead_in_s: float = 0.0  # also write the warm-up's last seconds (<= warmup_s): a cache warm-up
     block_size: int = 16
     rpm_per_instance: float = 43.0  # paper Finding 3.2, Trace 1
     instances: int = 32
@@ -298,6 +302,8 @@ def _ids(runs: _Runs) -> np.ndarray:
 
 def generate(cfg: GenConfig, out: str | Path) -> int:
     """Write the window of a trace for `cfg` to `out`; returns the number of requests written."""
+    if not 0.0 <= cfg.lead_in_s <= cfg.warmup_s:
+        raise ValueError(f"lead_in_s must be in [0, warmup_s], got {cfg.lead_in_s:g}")
     gen = _Gen(cfg)
     # The window's sessions are generated first (their request count sets the window's length),
     # then start times are drawn and the warm-up's sessions generated at theirs.
@@ -321,7 +327,7 @@ def generate(cfg: GenConfig, out: str | Path) -> int:
     for start in np.sort(gen.rng.uniform(-cfg.warmup_s, 0.0, warm)):
         gen.root(float(start))
     kept = sorted(
-        (i for i, r in enumerate(gen.reqs) if 0.0 <= r.time < duration),
+        (i for i, r in enumerate(gen.reqs) if -cfg.lead_in_s <= r.time < duration),
         key=lambda i: gen.reqs[i].time,
     )
     chat_id = {i: pos for pos, i in enumerate(kept)}
@@ -336,7 +342,7 @@ def generate(cfg: GenConfig, out: str | Path) -> int:
                 {
                     "chat_id": chat_id[i],
                     "parent_chat_id": parent,
-                    "timestamp": round(r.time, 3),
+                    "timestamp": round(r.time + cfg.lead_in_s, 3),
                     "input_length": r.input_len,
                     "output_length": r.output_len,
                     "type": "text",

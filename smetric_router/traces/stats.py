@@ -69,10 +69,17 @@ class TraceStats:
         return asdict(self)
 
 
-def compute_stats(reqs: Sequence[TraceRequest], instances: int = 32) -> TraceStats:
-    """Characterize `reqs` (in arrival order, as the loaders return them)."""
+def compute_stats(
+    reqs: Sequence[TraceRequest], instances: int = 32, from_s: float = 0.0
+) -> TraceStats:
+    """Characterize `reqs` (in arrival order, as the loaders return them). Requests arriving
+    before `from_s` (a generated trace's lead-in) only fill the store: the statistics are those
+    of the later ones against a warm store."""
     if not reqs:
         raise ValueError("empty trace")
+    k0 = next((k for k, r in enumerate(reqs) if r.arrival_s >= from_s), len(reqs))
+    if k0 == len(reqs):
+        raise ValueError(f"no request arrives at or after {from_s:g} s")
     lens = np.fromiter((len(r.block_ids) for r in reqs), dtype=np.int64, count=len(reqs))
     flat = np.fromiter(
         (b for r in reqs for b in r.block_ids), dtype=np.int64, count=int(lens.sum())
@@ -84,42 +91,48 @@ def compute_stats(reqs: Sequence[TraceRequest], instances: int = 32) -> TraceSta
     last_use = np.full(nblocks, np.nan)
     origin = np.full(nblocks, -1, dtype=np.int64)  # the session that first held the block
     template = np.zeros(nblocks, dtype=bool)  # reused across sessions by a session's first request
-    intra = system = other = total = 0
-    reused_blocks = 0
-    within = np.zeros(len(INTERVALS_S), dtype=np.int64)
+    # Per measured request: intra, system, other, prompt tokens, reused blocks, then the counts
+    # of reused blocks within each of INTERVALS_S.
+    acc = np.zeros(5 + len(INTERVALS_S), dtype=np.int64)
+    limits = np.asarray(INTERVALS_S)
     pos = 0
     for k, r in enumerate(reqs):
         n = len(r.block_ids)
         idx = dense[pos : pos + n]
         pos += n
-        total += r.input_len
         seen = ~np.isnan(last_use[idx])
         hit = n if seen.all() else int(np.argmin(seen))
-        if hit:
-            ids = idx[:hit]
+        ids = idx[:hit]
+        own = origin[ids] == sess[k]
+        if r.turn == 0:
+            template[ids[~own]] = True
+        if k >= k0:  # before k0 (lead-in) a request only fills the store
             tok = np.full(hit, r.block_size, dtype=np.int64)
-            if hit == n:
+            if hit and hit == n:
                 tok[-1] = r.input_len - (n - 1) * r.block_size
-            own = origin[ids] == sess[k]
-            intra += int(tok[own].sum())
-            if r.turn == 0:
-                template[ids[~own]] = True
             sys_mask = ~own & template[ids]
-            system += int(tok[sys_mask].sum())
-            other += int(tok[~own & ~sys_mask].sum())
+            acc[0] += tok[own].sum()
+            acc[1] += tok[sys_mask].sum()
+            acc[2] += tok[~own & ~sys_mask].sum()
+            acc[3] += r.input_len
+            acc[4] += hit
             gaps = r.arrival_s - last_use[ids]
-            within += np.count_nonzero(gaps[:, None] <= np.asarray(INTERVALS_S)[None, :], axis=0)
-            reused_blocks += hit
+            acc[5:] += np.count_nonzero(gaps[:, None] <= limits[None, :], axis=0)
         last_use[idx] = r.arrival_s
         fresh = idx[hit:]
         origin[fresh[origin[fresh] < 0]] = sess[k]
+    intra, system, other, total, reused_blocks = (int(x) for x in acc[:5])
+    within = acc[5:]
     reused = intra + system + other
+    off = int(lens[:k0].sum())
+    lens, dense, sess, reqs = lens[k0:], dense[off:], sess[k0:], reqs[k0:]
+    _, sess = np.unique(sess, return_inverse=True)  # the measured requests' sessions, dense
     per_session = np.bincount(sess)
-    turns = np.zeros(len(sess_names), dtype=np.int64)
+    turns = np.zeros(len(per_session), dtype=np.int64)
     np.maximum.at(turns, sess, np.array([r.turn + 1 for r in reqs], dtype=np.int64))
     return TraceStats(
         requests=len(reqs),
-        sessions=len(sess_names),
+        sessions=len(per_session),
         span_s=reqs[-1].arrival_s - reqs[0].arrival_s,
         prompt_tokens=total,
         reuse_ratio=reused / max(1, total),
@@ -136,7 +149,7 @@ def compute_stats(reqs: Sequence[TraceRequest], instances: int = 32) -> TraceSta
         top3pct_token_share=_top_share(reqs, 0.03),
         mean_input_tokens=total / len(reqs),
         max_input_tokens=max(r.input_len for r in reqs),
-        requests_per_session=len(reqs) / len(sess_names),
+        requests_per_session=len(reqs) / len(per_session),
         first_request_share=sum(r.turn == 0 for r in reqs) / len(reqs),
         chain_start_share=sum(r.parent is None for r in reqs) / len(reqs),
         one_request_session_share=float(np.mean(per_session == 1)),

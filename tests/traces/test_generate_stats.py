@@ -118,6 +118,25 @@ def test_window_is_a_steady_state(tmp_path: Path) -> None:
     assert yfirst > 2 * first[0]
 
 
+def test_lead_in_precedes_the_same_window_and_warms_the_store(tmp_path: Path) -> None:
+    plain, led = tmp_path / "plain.jsonl", tmp_path / "led.jsonl"
+    generate(replace(SMALL, sessions=100), plain)
+    generate(replace(SMALL, sessions=100, lead_in_s=600.0), led)
+    window = load_trace(plain)
+    lead = load_trace(led)
+    later = [r for r in lead if r.arrival_s >= 600.0]
+    assert len(lead) > len(later) == len(window)
+
+    def shape(r: TraceRequest, shift: float) -> tuple[object, ...]:
+        return (round(r.arrival_s - shift, 3), r.input_len, r.output_len, r.trigger, r.block_ids)
+
+    assert [shape(r, 600.0) for r in later] == [shape(r, 0.0) for r in window]
+    cold = compute_stats(window, instances=4)
+    warm = compute_stats(lead, instances=4, from_s=600.0)
+    assert warm.requests == cold.requests and warm.prompt_tokens == cold.prompt_tokens
+    assert warm.reuse_ratio > cold.reuse_ratio + 0.02  # carried-over histories now hit
+
+
 def test_compaction_restarts_from_the_system_prompt(tmp_path: Path) -> None:
     out = tmp_path / "long.jsonl"
     cfg = GenConfig(
