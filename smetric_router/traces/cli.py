@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         "generate",
         help="write an agentic trace (Bailian schema + trigger)",
         description="Write an agentic trace in the Bailian schema plus a `trigger` field, "
-        "calibrated to the paper's §3 findings (see smetric_router.traces.generate).",
+        "calibrated to the paper's §3 findings and published agentic traces, written as a "
+        "steady-state window (see smetric_router.traces.generate).",
     )
     p.add_argument(
         "--sessions",
@@ -142,15 +143,21 @@ def build_parser() -> argparse.ArgumentParser:
         "window starts here: a replay can warm its caches on them and measure from this time "
         "(`stats --from-s`); at most --warmup-s (default %(default)g: the file is the window)",
     )
-    p.add_argument("--block-size", type=_positive_int, default=16, help="tokens per hash id")
     p.add_argument(
-        "--instances", type=_positive_int, default=32, help="cluster size for the default rate"
+        "--block-size", type=_positive_int, default=16, help="tokens per hash id (default 16)"
+    )
+    p.add_argument(
+        "--instances",
+        type=_positive_int,
+        default=32,
+        help="cluster size for the default rate (default 32)",
     )
     p.add_argument(
         "--rpm-per-instance",
         type=float,
         default=43.0,
-        help="target requests per minute per instance for the default duration (paper: 43)",
+        help="target requests per minute per instance for the default duration (default 43: "
+        "the paper's Trace 1)",
     )
     p.set_defaults(run=_cmd_generate)
 
