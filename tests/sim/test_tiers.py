@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from smetric_router.core.types import ClusterView, Decision, RequestFeatures
 from smetric_router.engine.global_tier import GlobalTier
 from smetric_router.engine.timing import TimingModel
 from smetric_router.policies import make_policy
@@ -315,3 +316,32 @@ def test_cli_tier_flags_reach_the_rows(tmp_path: Path) -> None:
     assert row["tier_mode"] == "hicache"
     assert row["windows"] and {"global_fetch_bytes", "link_busy_share"} <= row.keys()
     assert main([*argv, "--nics-per-server", "0"]) == 2
+
+
+class _Recorder:
+    """Round robin that keeps every (hit, gpu_hit) it was shown."""
+
+    name = "recorder"
+    uses_text_tree = False
+
+    def __init__(self) -> None:
+        self.inner = make_policy("round_robin")
+        self.seen: list[tuple[int, int]] = []
+
+    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+        self.seen += [(w.hit, w.gpu_hit) for w in view.workers]
+        return self.inner.decide(features, view)
+
+
+@pytest.mark.parametrize("tier_mode", ["paper", "hicache"])
+def test_the_policies_hit_is_the_local_tier_of_the_mode(tier_mode: str) -> None:
+    # one instance whose GPU holds ~1.5 prompts: older sessions' pages go to the host tier,
+    # where only hicache keeps them (and the policies see them as local hits)
+    cfg = SimConfig(instances=1, gpu_kv_tokens=1200, host_kv_tokens=1 << 16, tier_mode=tier_mode)
+    rec = _Recorder()
+    cluster.Cluster(cfg, rec, 0.0).run(_trace(4, 3))  # type: ignore[arg-type]
+    assert rec.seen
+    if tier_mode == "paper":
+        assert all(hit == gpu for hit, gpu in rec.seen)
+    else:
+        assert any(hit > gpu for hit, gpu in rec.seen)
