@@ -3,6 +3,7 @@ by hash, LRU, each readable from the time its write completed."""
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -24,10 +25,13 @@ class KvTier(Protocol):
 
 
 class GlobalTier:
-    """Pages by hash with the time each becomes readable (its write-through completed).
+    """Pages by hash, each readable once its write-through completed.
 
-    Without times (store's ready_at and peek's now left at their defaults) every page is readable
-    as soon as it is stored, which is what the engine tests and the emulator's users expect.
+    Times are optional: store's ready_at defaults to 0 and peek's / lookup's now to inf, so the
+    engine tests and the emulator's users see every stored page at once. With times, the pages
+    still being written sit in a small side table until a query's `now` passes their ready time;
+    queries must come in nondecreasing `now` (the simulator's event order), which keeps the
+    per-page state of the (large) tier a plain set.
     """
 
     def __init__(self, capacity_tokens: float = math.inf, page_size: int = 16) -> None:
@@ -35,11 +39,15 @@ class GlobalTier:
         self.capacity_pages = (
             math.inf if math.isinf(capacity_tokens) else capacity_tokens // page_size
         )
-        # unbounded: nothing is ever evicted, so no LRU order is kept (a dict is cheaper)
+        # unbounded: nothing is ever evicted, so no LRU order is kept (a set is much cheaper)
         self._unbounded = math.isinf(self.capacity_pages)
-        self._pages: dict[int, float] = {} if self._unbounded else OrderedDict()
-        # no page becomes readable later than this: peeks at or after it skip the ready check
-        self._latest_ready = 0.0
+        self._set: set[int] = set()
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._pages: set[int] | OrderedDict[int, None] = self._set if self._unbounded else self._lru
+        self._writing: dict[int, float] = {}  # page -> ready time, for pages not yet readable
+        self._writes: list[tuple[float, int, list[int]]] = []  # heap of (ready, seq, pages)
+        self._seq = 0
+        self._now = 0.0  # the latest time a query was made at
 
     def __len__(self) -> int:
         return len(self._pages)
@@ -52,21 +60,31 @@ class GlobalTier:
         """Leading pages readable at `now`; they count as used (moved to most recent)."""
         n = self.peek(page_hashes, now)
         if not self._unbounded:
-            lru = self._pages
-            assert isinstance(lru, OrderedDict)
             for h in page_hashes[:n]:
-                lru.move_to_end(h)
+                self._lru.move_to_end(h)
         return n
 
     def peek(self, page_hashes: Sequence[int], now: float = math.inf) -> int:
         """Leading pages readable at `now`, without touching the LRU order."""
-        pages = self._pages
-        n = leading_run(pages, page_hashes)
-        if n and now < self._latest_ready:
-            ready = list(map(pages.__getitem__, page_hashes[:n]))
-            if max(ready) > now:
-                n = next(i for i, r in enumerate(ready) if r > now)
+        n = leading_run(self._pages, page_hashes)
+        if not math.isinf(now) and self._writes and self._writes[0][0] <= now:
+            self._settle(now)
+        if n and self._writing and not math.isinf(now):
+            writing = self._writing
+            head = page_hashes[:n]
+            if not writing.keys().isdisjoint(head):
+                n = next(i for i, h in enumerate(head) if h in writing)
         return n
+
+    def _settle(self, now: float) -> None:
+        """Pages whose write completed by `now` become readable."""
+        self._now = max(self._now, now)
+        writes, writing = self._writes, self._writing
+        while writes and writes[0][0] <= now:
+            ready, _, pages = heapq.heappop(writes)
+            for h in pages:
+                if writing.get(h) == ready:
+                    del writing[h]
 
     def missing(self, page_hashes: Sequence[int]) -> list[int]:
         """The pages not stored (nor being written): what a write-through has to send."""
@@ -75,15 +93,19 @@ class GlobalTier:
 
     def store(self, page_hashes: Sequence[int], ready_at: float = 0.0) -> None:
         """Store pages readable from ready_at; a page already stored keeps its earlier time."""
-        pages = self._pages
-        if ready_at > self._latest_ready:
-            self._latest_ready = ready_at
+        if ready_at > self._now:
+            writing = self._writing
+            late = [h for h in page_hashes if h not in self._pages or writing.get(h, 0) > ready_at]
+            if late:
+                writing.update(dict.fromkeys(late, ready_at))
+                self._seq += 1
+                heapq.heappush(self._writes, (ready_at, self._seq, late))
         if self._unbounded:
-            pages.update(dict.fromkeys([h for h in page_hashes if h not in pages], ready_at))
+            self._set.update(page_hashes)
             return
-        assert isinstance(pages, OrderedDict)
+        pages = self._lru
         for h in page_hashes:
-            pages[h] = min(pages.get(h, ready_at), ready_at)
+            pages[h] = None
             pages.move_to_end(h)
         while len(pages) > self.capacity_pages:
-            pages.popitem(last=False)
+            self._writing.pop(pages.popitem(last=False)[0], None)

@@ -12,13 +12,19 @@ same whether they were applied or not; if a request arrives at the instance duri
 run is cut at the first step boundary after the arrival (Engine.step_many(until_seconds)).
 
 Per decision the router sees (same fields as the real router fills):
-- hit / gpu_hit: the local-tier (GPU + host) and GPU-only prefix hit in that engine's radix cache;
+- hit / gpu_hit: the local-tier (GPU, + host in hicache mode) and GPU-only prefix hit in that
+  engine's radix cache;
 - load: requests in flight at the instance (routed and not finished), the router's own count;
 - turn: the trace's turn; est_hit: the leading blocks shared with the session's previous request,
   in tokens (for a conversation that re-sends its history, the previous turn's input length);
 - text (cache_aware only): the block ids as characters, two per block, fed to the same TextTree
   the router keeps; its per-worker bound is sglang-router's 2^26 chars at ~4 chars per token;
 - tick: one per decision; entropy: from a random.Random(seed).
+
+The tiers and their costs (tier modes, server links, write-through, HiCache prefetch) are in
+sim/tiers.py; each instance reads the global tier through its TierPort, whose time the loop
+sets before it calls the engine (the engine has no clock). An instance whose only work is
+requests waiting on their prefetch is parked until the first may stop, or the next arrival.
 """
 
 from __future__ import annotations
@@ -210,7 +216,7 @@ class Cluster:
         before = eng.prefill_tokens_computed
         res = eng.step()
         if port is not None:
-            port.flush(t + res.duration)
+            port.flush(t, t + res.duration)
         if res.duration == 0 and not res.finished:
             self._park(inst, t)
             return

@@ -182,7 +182,7 @@ class PdCluster:
             before = inst.engine.prefill_tokens_computed
             res = inst.engine.step()
             if inst.port is not None:
-                inst.port.flush(t + res.duration)
+                inst.port.flush(t, t + res.duration)
             if res.duration == 0 and not res.finished:
                 # every waiting request waits on its prefetch: wake when the first may stop
                 assert inst.prefetch is not None, "work that can neither run nor wait"

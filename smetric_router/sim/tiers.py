@@ -10,13 +10,15 @@ Every instance reaches the shared GlobalTier through its own TierPort, which sup
   and receives the pages others write to it, about as many bytes as it reads and writes itself.
   Either direction then carries about reads + writes, and one FIFO with both models the busier.
 - Write-through: the pages an engine adds to its radix tree (computed, or brought from another
-  tier) that the global tier lacks are written when the step that made them ends; they queue on
-  the link and become readable when their transfer completes (GlobalTier ready times).
-- paper mode (LMCache, synchronous loading): a fetch at admission costs fetch_overhead_s, then the
-  link transfer of its network bytes (queued behind the server's other transfers), then PCIe
+  tier) that the global tier lacks are sent from the start of the step that makes them (stores
+  stream out layer by layer) and become readable when both their transfer and the step have
+  ended (GlobalTier ready times). Every transfer is queued at the current event time, never at
+  a future one: a FIFO fed a future reservation would make earlier traffic wait behind it.
+- paper mode (LMCache, synchronous loading): a fetch at admission costs fetch_overhead_s, the
+  link transfer of its network bytes (queued behind the server's other transfers) and PCIe
   host -> GPU for all its bytes; the step the request is admitted in lasts that much longer.
-- hicache mode (SGLang HiCache): the L3 prefetch starts when the request is queued; after
-  fetch_overhead_s its network bytes queue on the link, pages completing at a steady rate, and
+- hicache mode (SGLang HiCache): the L3 prefetch starts when the request is queued: its network
+  bytes queue on the link, pages completing at a steady rate, fetch_overhead_s later, and
   at the request's admission it takes what the prefetch policy allows (HiCachePrefetch). The
   fetched pages then cross PCIe host -> GPU in the admitting step, like L2 host hits.
 """
@@ -87,7 +89,7 @@ class TierStats:
 
 class TierPort:
     """One instance's view of the shared GlobalTier (engine.global_tier.KvTier): reads at `now`,
-    writes buffered during a step and sent by flush() when it ends."""
+    writes buffered during a step and sent by flush() once the step's length is known."""
 
     __slots__ = ("_pending", "link", "net_fraction", "now", "page_bytes", "stats", "tier")
 
@@ -111,8 +113,9 @@ class TierPort:
     def store(self, page_hashes: Sequence[int]) -> None:
         self._pending.extend(page_hashes)
 
-    def flush(self, t: float) -> None:
-        """The step ended at t: write its new pages through; readable once on the tier."""
+    def flush(self, start: float, end: float) -> None:
+        """The step [start, end) made the pending pages: send the new ones through from its start;
+        they are readable once sent and the step is over."""
         if not self._pending:
             return
         new = self.tier.missing(self._pending)
@@ -121,8 +124,10 @@ class TierPort:
             return
         nbytes = len(new) * self.page_bytes
         self.stats.write_bytes += nbytes
-        end = self.link.transfer(t, nbytes * self.net_fraction)[1] if self.net_fraction else t
-        self.tier.store(new, end)
+        sent = (
+            self.link.transfer(start, nbytes * self.net_fraction)[1] if self.net_fraction else 0.0
+        )
+        self.tier.store(new, max(sent, end))
 
 
 class HiCachePrefetch:
@@ -141,17 +146,20 @@ class HiCachePrefetch:
         self.policy = policy
         self.overhead_s = overhead_s
         self.page_size = page_size
-        # rid -> [pages, transfer start, transfer end, deadline (inf until the first poll)]
+        # rid -> [pages, first page due, last page due, deadline (inf until the first poll),
+        #         end of its link transfer]
         self._ops: dict[str, list[float]] = {}
 
     def start(self, rid: str, pages: int) -> None:
         if pages * self.page_size < PREFETCH_THRESHOLD_TOKENS:
             return
         port = self.port
-        t = port.now + self.overhead_s
+        t = port.now
         nbytes = pages * port.page_bytes * port.net_fraction
         start, end = port.link.transfer(t, nbytes) if nbytes else (t, t)
-        self._ops[rid] = [float(pages), start, end, math.inf]
+        # the lookup's fixed cost delays the pages, not the link (queued now, in event order)
+        lag = self.overhead_s
+        self._ops[rid] = [float(pages), start + lag, end + lag, math.inf, end]
 
     def _arrived(self, op: list[float], x: float) -> int:
         pages, start, end = int(op[0]), op[1], op[2]
@@ -176,7 +184,7 @@ class HiCachePrefetch:
         del self._ops[rid]
         got = self._arrived(op, x)
         if x < op[2]:
-            self.port.link.cancel_tail(op[2], max(x, op[1]))
+            self.port.link.cancel_tail(op[4], min(op[4], max(x - self.overhead_s, op[1])))
         self.port.stats.fetch_bytes += got * self.port.page_bytes
         return got
 
@@ -238,10 +246,10 @@ class Tiers:
             nbytes = tokens * kv_bytes
             stats.fetch_bytes += nbytes
             t = port.now
-            end = t + overhead
+            end = t
             if port.net_fraction:
-                end = port.link.transfer(end, nbytes * port.net_fraction)[1]
-            return end - t + pcie(tokens)
+                end = port.link.transfer(t, nbytes * port.net_fraction)[1]
+            return overhead + end - t + pcie(tokens)
 
         return fetch
 

@@ -146,15 +146,22 @@ def test_write_through_queues_on_the_link_and_is_readable_only_after_it() -> Non
     writer.store(pages)
     writer.store(pages[:8])  # already pending: sent once
     assert tiers.tier is not None and tiers.tier.peek(pages) == 0  # nothing sent mid-step
-    writer.flush(1.0)  # the step that made them ended at t = 1
+    writer.flush(1.0, 1.0 + write_s / 2)  # the step that made them: [1, 1 + write_s / 2)
     assert tiers.stats.write_bytes == len(pages) * PS * KVB
     reader.now = 1.0 + write_s * 0.99
     assert reader.peek(pages) == 0
     reader.now = 1.0 + write_s
     assert reader.peek(pages) == len(pages)
     writer.store(pages)  # already on the tier: nothing to send
-    writer.flush(2.0)
+    writer.flush(2.0, 2.5)
     assert tiers.stats.write_bytes == len(pages) * PS * KVB
+    # a long step: its pages are readable when it ends, even if sent earlier
+    writer.store([7, 8])
+    writer.flush(3.0, 9.0)
+    reader.now = 8.9
+    assert reader.peek([7, 8]) == 0
+    reader.now = 9.0
+    assert reader.peek([7, 8]) == 2
 
 
 def test_a_fetch_behind_a_write_waits_for_it() -> None:
@@ -163,7 +170,7 @@ def test_a_fetch_behind_a_write_waits_for_it() -> None:
     writer, reader = tiers.ports
     pages = list(range(64))
     writer.store(pages)
-    writer.flush(0.0)
+    writer.flush(0.0, 0.5)
     write_s = len(pages) * PS * KVB / 10e9
     tokens = 2048
     reader.now = 0.0
