@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Protocol
 
 from smetric_router.core.prefix import leading_run
@@ -79,15 +80,17 @@ class GlobalTier:
     def _settle(self, now: float) -> None:
         """Pages whose write completed by `now` become readable."""
         self._now = max(self._now, now)
-        writes, writing = self._writes, self._writing
+        writes, pop = self._writes, self._writing.pop
         while writes and writes[0][0] <= now:
-            ready, _, pages = heapq.heappop(writes)
-            for h in pages:
-                if writing.get(h) == ready:
-                    del writing[h]
+            # a page re-stored with an earlier time left this batch's entry stale; popping it
+            # again is a no-op (a bounded tier's page evicted and re-stored may turn readable
+            # at its first write's time: rare, and early by at most that write's lag)
+            deque(map(pop, heapq.heappop(writes)[2], repeat(None)), maxlen=0)
 
     def missing(self, page_hashes: Sequence[int]) -> list[int]:
         """The pages not stored (nor being written): what a write-through has to send."""
+        if self._unbounded:
+            return list(set(page_hashes).difference(self._set))  # C speed; order is moot
         pages = self._pages
         return [h for h in dict.fromkeys(page_hashes) if h not in pages]
 
@@ -95,11 +98,16 @@ class GlobalTier:
         """Store pages readable from ready_at; a page already stored keeps its earlier time."""
         if ready_at > self._now:
             writing = self._writing
-            late = [h for h in page_hashes if h not in self._pages or writing.get(h, 0) > ready_at]
+            if self._unbounded:
+                late = set(page_hashes).difference(self._set)
+            else:  # set - OrderedDict would walk the whole tier
+                late = {h for h in page_hashes if h not in self._lru}
+            if writing:  # stored pages still being written, later than this write
+                late.update(h for h in writing.keys() & set(page_hashes) if writing[h] > ready_at)
             if late:
                 writing.update(dict.fromkeys(late, ready_at))
                 self._seq += 1
-                heapq.heappush(self._writes, (ready_at, self._seq, late))
+                heapq.heappush(self._writes, (ready_at, self._seq, list(late)))
         if self._unbounded:
             self._set.update(page_hashes)
             return

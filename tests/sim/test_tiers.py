@@ -124,8 +124,9 @@ def test_every_fetch_pays_the_fixed_overhead() -> None:
 # ---- write-through ------------------------------------------------------------------------------
 
 
-def test_a_stored_page_is_not_readable_before_its_write_completes() -> None:
-    tier = GlobalTier(page_size=PS)
+@pytest.mark.parametrize("capacity", [math.inf, 10 * PS])
+def test_a_stored_page_is_not_readable_before_its_write_completes(capacity: float) -> None:
+    tier = GlobalTier(capacity, page_size=PS)
     tier.store([1, 2], ready_at=5.0)
     tier.store([3], ready_at=7.0)
     assert tier.peek([1, 2, 3], now=4.9) == 0
