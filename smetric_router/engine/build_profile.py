@@ -252,11 +252,16 @@ def build(data: Path, gpu: Gpu) -> dict[str, Any]:
         },
         "transfer": {
             "pcie_bytes_per_s": gpu.pcie_bytes_per_s,
-            "storage_bytes_per_s": 20e9,
+            "storage_bytes_per_s": 21.75e9,
             "notes": (
-                "PCIe Gen5 x16 is 64 GB/s per direction; 50 GB/s assumed achieved by HiCache's"
-                " host<->GPU copies. Global tier (Mooncake over RDMA): one 200 Gb/s NIC per GPU,"
-                " ~20 GB/s achieved, assumed."
+                "PCIe Gen5 x16 is 64 GB/s per direction; 50 GB/s assumed achieved by host<->GPU"
+                " copies (HiCache, LMCache). Global tier (Mooncake over RDMA):"
+                " storage_bytes_per_s is one 200 Gb/s NIC, 21.75 GB/s achieved (Mooncake's"
+                " transfer engine: 87 GB/s over 4 x 200 Gbps RoCE, kvcache-ai/Mooncake README),"
+                " what an engine on its own (the emulator) gets. The simulator does not use it:"
+                " it models one NIC per server of 8 GPUs by default (SimConfig.nics_per_server,"
+                " nic_bytes_per_s), shared by the server's instances' reads and writes"
+                " (sim/tiers.py)."
             ),
         },
         "per_layer": {

@@ -6,7 +6,9 @@ Scheduling, per step (one forward):
 2. While budget is left and running < max_running_requests, the head of the waiting queue is
    admitted (strict FCFS: if it does not fit, nobody behind it is admitted this step). Its prefix
    is matched (device, then host, then the global tier), host/global pages are loaded to the GPU,
-   and it gets its first chunk.
+   and it gets its first chunk. With a Prefetcher (SGLang HiCache's L3 prefetch), a request whose
+   prefetch may not stop yet is passed over and the next one is tried, as SGLang's scheduler
+   does; its global-tier hit is what the prefetch brought, not what the tier holds.
 3. Every request whose prefill finished in an earlier step decodes one token in the same forward
    (SGLang's --enable-mixed-chunk; without it SGLang alternates prefill and decode batches). The
    mixed form keeps decode moving under a steady stream of prefills, which is what a router sees.
@@ -35,6 +37,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from smetric_router.core.kv_events import KVCacheEvent
 from smetric_router.engine.api import (
@@ -61,6 +64,21 @@ class _DecodeRun:
     k: int
 
 
+class Prefetcher(Protocol):
+    """Global-tier prefetch while a request waits (SGLang HiCache); the simulator's
+    sim.tiers.HiCachePrefetch runs it on a virtual clock."""
+
+    def start(self, rid: str, pages: int) -> None:
+        """The request was queued with `pages` leading pages in the global tier beyond its local
+        hit: begin fetching them (or not, below the prefetch threshold)."""
+        ...
+
+    def poll(self, rid: str) -> int | None:
+        """At an admission attempt: the pages fetched if the request may be admitted now (its
+        prefetch stops there), None if it must keep waiting."""
+        ...
+
+
 @dataclass(slots=True)
 class _Req:
     req: EngineRequest
@@ -76,6 +94,8 @@ class _Req:
     emitted: int = 0
     admitted: bool = False
     prefilled: bool = False  # PD decode: the prompt's KV arrives from a prefill instance
+    l3_base: int = 0  # local pages when its prefetch started (the fetched pages follow them)
+    l3_pages: int = -1  # pages its prefetch brought (-1: no Prefetcher: read the tier directly)
 
     @property
     def prefilling(self) -> bool:
@@ -108,6 +128,8 @@ class Engine:
         self._admission_blocked = False
         # global tier -> GPU seconds for a number of tokens; the simulator swaps in a shared link
         self.storage_fetch_seconds: Callable[[int], float] = self.timing.storage_fetch_seconds
+        # set by the simulator's HiCache mode: the global tier is read through a prefetch
+        self.prefetcher: Prefetcher | None = None
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -134,10 +156,14 @@ class Engine:
             hashes = req.page_hashes[: n_in // ps]
         if n_in <= 0:
             raise ValueError(f"request {req.rid} has an empty prompt")
-        gpu, _ = self.cache.match_len(hashes[: (n_in - 1) // ps])
+        cacheable = hashes[: (n_in - 1) // ps]
+        gpu, host = self.cache.match_len(cacheable)
         r = _Req(req, n_in, n_out, hashes, chain, n_in - gpu * ps)
         self._waiting.append(r)
         self._by_rid[req.rid] = r
+        if self.prefetcher is not None and self.global_tier is not None:
+            r.l3_base = gpu + host
+            self.prefetcher.start(req.rid, self.global_tier.peek(cacheable[gpu + host :]))
 
     def add_prefilled_request(self, req: EngineRequest) -> None:
         """PD decode: the prompt's KV was transferred from a prefill instance, so on admission the
@@ -185,17 +211,25 @@ class Engine:
                 chunks.append((r, q))
                 budget -= q
         load_s = 0.0
+        waiting, prefetcher = self._waiting, self.prefetcher
+        i = 0  # the first request not passed over (always 0 without a Prefetcher)
         while (
             budget > 0
-            and self._waiting
+            and i < len(waiting)
             and not self._admission_blocked
             and len(self._running) < cfg.max_running_requests
         ):
-            r = self._waiting[0]
+            r = waiting[i]
+            if prefetcher is not None and r.l3_pages < 0 and not r.prefilled:
+                fetched = prefetcher.poll(r.req.rid)
+                if fetched is None:  # still prefetching: SGLang tries the next request
+                    i += 1
+                    continue
+                r.l3_pages = fetched
             seconds = self._admit(r, result)
             if seconds is None:
                 break
-            self._waiting.popleft()
+            del waiting[i]
             if not r.admitted:  # could never fit: dropped
                 continue
             load_s += seconds
@@ -307,7 +341,11 @@ class Engine:
             n_host = 0  # the transferred KV lands on the GPU: nothing to load
         n_storage = 0
         if self.global_tier is not None and not r.prefilled:
-            n_storage = self.global_tier.peek(cacheable[n_gpu + n_host :])
+            if r.l3_pages < 0:
+                n_storage = self.global_tier.peek(cacheable[n_gpu + n_host :])
+            elif n_gpu + n_host >= r.l3_base:  # the prefetched pages follow the local hit
+                end = min(r.l3_base + r.l3_pages, len(cacheable))
+                n_storage = max(0, end - n_gpu - n_host)
         need = -(-(n_in + n_out) // ps) - n_gpu
         deepest = cache.nodes[cacheable[n_gpu - 1]] if n_gpu else None
         cache.lock(deepest)

@@ -25,7 +25,7 @@ import orjson
 from smetric_router.engine.timing import PROFILES_DIR
 from smetric_router.policies.base import PolicyParams, make_policy, policy_names
 from smetric_router.sim.cluster import Cluster
-from smetric_router.sim.config import SimConfig, Slo
+from smetric_router.sim.config import PREFETCH_POLICIES, TIER_MODES, SimConfig, Slo
 from smetric_router.sim.metrics import summarize
 from smetric_router.sim.pd import (
     PREFILL_OVERLOAD_SLACK,
@@ -67,7 +67,7 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
 
 def parser() -> argparse.ArgumentParser:
-    d, slo = PolicyParams(), Slo()
+    d, slo, sim_defaults = PolicyParams(), Slo(), SimConfig()
     profiles = sorted(f.stem for f in PROFILES_DIR.glob("*.json"))
     p = argparse.ArgumentParser(
         prog="python -m smetric_router.sim", description=__doc__, formatter_class=_Help
@@ -99,8 +99,56 @@ def parser() -> argparse.ArgumentParser:
         "--global-ratio",
         type=_floats,
         default=[math.inf],
-        help="global-tier capacity / local capacity (inf = fully provisioned, "
-        "0 = none); a comma list sweeps",
+        help="global-tier capacity x the cluster's total GPU KV, in both tier modes "
+        "(inf = fully provisioned, never binds; 0 = none); a comma list sweeps",
+    )
+    p.add_argument(
+        "--tier-mode",
+        choices=TIER_MODES,
+        default=sim_defaults.tier_mode,
+        help="paper: GPU tier + global tier over RDMA (no private host tier; a global fetch "
+        "stalls the batch, as vLLM + LMCache); hicache: SGLang HiCache, L1 GPU + L2 host "
+        "(local) + L3 Mooncake prefetched while the request is queued",
+    )
+    p.add_argument(
+        "--nics-per-server",
+        type=int,
+        default=sim_defaults.nics_per_server,
+        help="NICs per server (of --gpus-per-server instances); the server's global-tier reads "
+        "and writes share them",
+    )
+    p.add_argument(
+        "--nic-gbytes-per-s",
+        type=float,
+        default=sim_defaults.nic_bytes_per_s / 1e9,
+        help="achieved GB/s per NIC (21.75: Mooncake's 87 GB/s over 4 x 200 Gbps RoCE)",
+    )
+    p.add_argument(
+        "--gpus-per-server",
+        type=int,
+        default=sim_defaults.gpus_per_server,
+        help="instances per server (they share its NICs)",
+    )
+    p.add_argument(
+        "--network-fraction",
+        type=float,
+        default=None,
+        help="share of a global-tier page's bytes that crosses the network "
+        "(default: 1 - 1/servers, pages spread evenly over the servers' memory)",
+    )
+    p.add_argument(
+        "--fetch-overhead-ms",
+        type=float,
+        default=sim_defaults.fetch_overhead_s * 1e3,
+        help="fixed cost per global-tier fetch, ms (LMCache lookups take 1-2 ms)",
+    )
+    p.add_argument(
+        "--prefetch-policy",
+        choices=PREFETCH_POLICIES,
+        default=sim_defaults.prefetch_policy,
+        help="--tier-mode hicache: when an L3 prefetch stops (SGLang "
+        "--hicache-storage-prefetch-policy: take what arrived / wait for all / wait up to "
+        "1 s + 0.25 s per 1K tokens)",
     )
     p.add_argument(
         "--profile",
@@ -109,7 +157,13 @@ def parser() -> argparse.ArgumentParser:
         help="timing profile of an instance (engine/profiles)",
     )
     p.add_argument("--gpu-kv-tokens", type=int, default=None, help="default: the profile's")
-    p.add_argument("--host-kv-tokens", type=int, default=None, help="default: the profile's")
+    p.add_argument(
+        "--host-kv-tokens",
+        type=int,
+        default=None,
+        help="--tier-mode hicache: the L2 host tier per instance (default: the profile's); "
+        "paper mode has none",
+    )
     p.add_argument("--seed", type=int, default=0, help="seeds tie-breaks and random policies")
     p.add_argument(
         "--overload",
@@ -229,6 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             window_s=args.window_s,
             session_hints=args.session_hints,
             seed=args.seed,
+            tier_mode=args.tier_mode,
+            gpus_per_server=args.gpus_per_server,
+            nics_per_server=args.nics_per_server,
+            nic_bytes_per_s=args.nic_gbytes_per_s * 1e9,
+            network_fraction=args.network_fraction,
+            fetch_overhead_s=args.fetch_overhead_ms * 1e-3,
+            prefetch_policy=args.prefetch_policy,
         )
         if args.pd:
             cfg = pd_params(cfg, args.prefill_overload_slack)

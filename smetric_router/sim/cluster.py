@@ -12,13 +12,19 @@ same whether they were applied or not; if a request arrives at the instance duri
 run is cut at the first step boundary after the arrival (Engine.step_many(until_seconds)).
 
 Per decision the router sees (same fields as the real router fills):
-- hit / gpu_hit: the local-tier (GPU + host) and GPU-only prefix hit in that engine's radix cache;
+- hit / gpu_hit: the local-tier (GPU, + host in hicache mode) and GPU-only prefix hit in that
+  engine's radix cache;
 - load: requests in flight at the instance (routed and not finished), the router's own count;
 - turn: the trace's turn; est_hit: the leading blocks shared with the session's previous request,
   in tokens (for a conversation that re-sends its history, the previous turn's input length);
 - text (cache_aware only): the block ids as characters, two per block, fed to the same TextTree
   the router keeps; its per-worker bound is sglang-router's 2^26 chars at ~4 chars per token;
 - tick: one per decision; entropy: from a random.Random(seed).
+
+The tiers and their costs (tier modes, server links, write-through, HiCache prefetch) are in
+sim/tiers.py; each instance reads the global tier through its TierPort, whose time the loop
+sets before it calls the engine (the engine has no clock). An instance whose only work is
+requests waiting on their prefetch is parked until the first may stop, or the next arrival.
 """
 
 from __future__ import annotations
@@ -31,13 +37,13 @@ from dataclasses import dataclass
 
 from smetric_router.cluster.text_tree import TextTree
 from smetric_router.core.types import ClusterView, RequestFeatures, WorkerView
-from smetric_router.engine.api import EngineConfig, EngineRequest, StepResult
+from smetric_router.engine.api import EngineRequest, StepResult
 from smetric_router.engine.engine import Engine
-from smetric_router.engine.global_tier import GlobalTier
 from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.pages import PageMapper
+from smetric_router.sim.tiers import HiCachePrefetch, TierPort, Tiers, engine_setup
 from smetric_router.traces.schema import TraceRequest
 
 _CHARS_PER_TOKEN = 4  # sglang-router's tree holds text; its size bound is in chars
@@ -60,21 +66,18 @@ class RequestRecord:
     finish: float = -1.0
 
 
+__all__ = ["Cluster", "RequestRecord", "RunResult", "engine_setup", "simulate"]
+
+
 @dataclass(slots=True)
 class RunResult:
     records: list[RequestRecord]
     window_tokens: list[list[float]]  # [window][instance] tokens computed (prefill + decode)
     window_s: float
-
-
-class _Link:
-    """A server NIC shared by its instances' global-tier fetches, first come first served."""
-
-    __slots__ = ("bytes_per_s", "free_at")
-
-    def __init__(self, bytes_per_s: float) -> None:
-        self.bytes_per_s = bytes_per_s
-        self.free_at = 0.0
+    tier_mode: str = "paper"
+    link_busy_s: tuple[float, ...] = ()  # per server: seconds its link was busy
+    global_fetch_bytes: float = 0.0  # KV bytes read from the global tier (whole pages)
+    global_write_bytes: float = 0.0  # KV bytes written through to it
 
 
 class _Instance:
@@ -83,15 +86,23 @@ class _Instance:
         "clock",
         "engine",
         "idx",
+        "parked",
         "plan_k",
         "plan_start",
+        "port",
+        "prefetch",
         "result",
         "version",
     )
 
-    def __init__(self, idx: int, engine: Engine) -> None:
+    def __init__(
+        self, idx: int, engine: Engine, port: TierPort | None, prefetch: HiCachePrefetch | None
+    ) -> None:
         self.idx = idx
         self.engine = engine
+        self.port = port  # its view of the global tier (None: no tier)
+        self.prefetch = prefetch  # hicache mode: its L3 prefetches
+        self.parked = False  # idle but for requests waiting on their prefetch
         self.clock = 0.0  # start of the step (or run) in flight, or of the next one
         self.busy = False  # an event is scheduled for it
         self.result: StepResult | None = None  # the single step in flight, delivered at its end
@@ -139,29 +150,6 @@ def router_features(
     )
 
 
-def engine_setup(
-    cfg: SimConfig, timing: TimingModel, global_ratio: float
-) -> tuple[EngineConfig, GlobalTier | None]:
-    """Every instance's engine config and the global tier they share (colocated and PD runs).
-
-    The tier holds global_ratio x the instances' local (GPU + host) capacity; 0 means none.
-    """
-    gpu = cfg.gpu_kv_tokens if cfg.gpu_kv_tokens is not None else timing.gpu_kv_tokens
-    host = cfg.host_kv_tokens if cfg.host_kv_tokens is not None else timing.host_kv_tokens
-    ecfg = EngineConfig(
-        page_size=cfg.page_size,
-        gpu_kv_tokens=gpu,
-        host_kv_tokens=host,
-        chunked_prefill_size=cfg.chunked_prefill_size,
-        max_running_requests=cfg.max_running_requests,
-        profile=cfg.profile,
-    )
-    if global_ratio <= 0:
-        return ecfg, None
-    capacity = global_ratio * cfg.instances * (gpu + host)
-    return ecfg, GlobalTier(capacity if not math.isnan(capacity) else math.inf, cfg.page_size)
-
-
 class Cluster:
     def __init__(
         self,
@@ -173,17 +161,12 @@ class Cluster:
         self.cfg = cfg
         self.policy = policy
         self.timing = timing or TimingModel.load(cfg.profile)
-        ecfg, self.global_tier = engine_setup(cfg, self.timing, global_ratio)
-        links = [
-            _Link(cfg.server_link_bytes_per_s)
-            for _ in range(-(-cfg.instances // cfg.gpus_per_server))
-        ]
+        self.tiers = Tiers(cfg, self.timing, global_ratio)
+        self.global_tier = self.tiers.tier
         self.instances: list[_Instance] = []
         for i in range(cfg.instances):
-            eng = Engine(ecfg, self.global_tier, self.timing)
-            inst = _Instance(i, eng)
-            eng.storage_fetch_seconds = self._fetcher(inst, links[i // cfg.gpus_per_server])
-            self.instances.append(inst)
+            eng = self.tiers.engine(i)
+            self.instances.append(_Instance(i, eng, self.tiers.port(i), self.tiers.prefetcher(i)))
         self.urls = [f"sim-{i}" for i in range(cfg.instances)]
         self._url_index = {u: i for i, u in enumerate(self.urls)}
         self.text_tree: TextTree | None = None
@@ -192,18 +175,6 @@ class Cluster:
         self._load = [0] * cfg.instances
         self._records: list[RequestRecord] = []
         self._windows: list[list[float]] = []
-
-    def _fetcher(self, inst: _Instance, link: _Link) -> Callable[[int], float]:
-        kv_bytes = self.timing.kv_bytes_per_token
-        pcie = self.timing.host_load_seconds
-
-        def fetch(tokens: int) -> float:
-            nbytes = tokens * kv_bytes
-            start = max(inst.clock, link.free_at)
-            link.free_at = start + nbytes / link.bytes_per_s
-            return link.free_at - inst.clock + pcie(tokens)
-
-        return fetch
 
     # ---- events -------------------------------------------------------------------------------
 
@@ -229,10 +200,14 @@ class Cluster:
 
     def _start_step(self, inst: _Instance, t: float) -> None:
         inst.clock = t
+        inst.parked = False
         eng = inst.engine
         if not eng.has_work():
             inst.busy = False
             return
+        port = inst.port
+        if port is not None:
+            port.now = t
         k = eng.decode_only_steps()
         if k >= 2:
             inst.plan_k, inst.plan_start = k, t
@@ -240,6 +215,11 @@ class Cluster:
             return
         before = eng.prefill_tokens_computed
         res = eng.step()
+        if port is not None:
+            port.flush(t, t + res.duration)
+        if res.duration == 0 and not res.finished:
+            self._park(inst, t)
+            return
         for rid, cached in res.scheduled:
             rec = self._records[int(rid)]
             rec.cached_global = cached.storage
@@ -248,6 +228,15 @@ class Cluster:
         self._account(inst.idx, t, t + res.duration, tokens)
         inst.result = res
         self._schedule(inst, t + res.duration)
+
+    def _park(self, inst: _Instance, t: float) -> None:
+        """Nothing could run: every waiting request waits on its prefetch. Wake up when the
+        first may stop (an arrival wakes it earlier: _dispatch)."""
+        wake = inst.prefetch.next_ready(t) if inst.prefetch is not None else math.inf
+        if math.isinf(wake):  # cannot happen: a request with nothing to wait for is admitted
+            raise RuntimeError(f"instance {inst.idx} has work it can neither run nor wait for")
+        inst.parked = True
+        self._schedule(inst, wake)
 
     def _apply_run(self, inst: _Instance, k: int, until_seconds: float) -> None:
         """Apply (part of) the planned pure-decode run; the instance's clock moves to its end."""
@@ -333,7 +322,15 @@ class Cluster:
             if progress is not None:
                 progress(1)
         self._run_events(math.inf)
-        return RunResult(self._records, self._windows, cfg.window_s)
+        return RunResult(
+            self._records,
+            self._windows,
+            cfg.window_s,
+            cfg.tier_mode,
+            tuple(link.busy_s for link in self.tiers.links),
+            self.tiers.stats.fetch_bytes,
+            self.tiers.stats.write_bytes,
+        )
 
     def _decide(
         self, features: RequestFeatures, cacheable: list[int], tick: int, rng: random.Random
@@ -365,7 +362,12 @@ class Cluster:
         return self._url_index[url]
 
     def _dispatch(self, inst: _Instance, req: EngineRequest, t: float) -> None:
-        if inst.plan_k:
+        if inst.port is not None:
+            inst.port.now = t  # a prefetch starts at the arrival
+        if inst.parked:
+            inst.engine.add_request(req)
+            self._schedule(inst, t)  # supersedes the wake-up
+        elif inst.plan_k:
             # cut the pure-decode run at the first step boundary at or after t
             self._apply_run(inst, inst.plan_k, t - inst.plan_start)
             inst.engine.add_request(req)

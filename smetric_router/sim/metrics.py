@@ -15,6 +15,13 @@
   replay ends, not how the policy spreads load.
 - followup_stickiness: follow-ups (turn > 0) served by the instance their session's first request
   went to, over follow-ups whose session's first request is in the trace.
+- tier_mode: SimConfig.tier_mode. window_s / windows: one entry per window of window_s from the
+  first arrival to the last step, each the tokens every instance computed in it (prefill computed
+  + decode), integers whose sum per instance is exactly its total (largest-remainder rounding);
+  the drain after the last arrival is included (figures of load over time read it).
+- global_fetch_bytes / global_write_bytes: KV bytes read from / written through to the global
+  tier (whole pages: the network and the local-memory parts). link_busy_share: mean over servers
+  of the share of the span (first arrival to last finish) its link was busy (sim/tiers.py).
 
 PD rows (--pd) keep this schema with PD meanings and add mode / prefill_tps /
 prefill_tps_within_slo: see sim/pd.py summarize_pd.
@@ -84,6 +91,43 @@ def placement(recs: Sequence[RequestRecord]) -> Placement:
     )
 
 
+def window_series(windows: Sequence[Sequence[float]]) -> list[list[int]]:
+    """The per-window tokens as integers, each instance's column rounded so that it still sums
+    to its total (rounded): largest remainders get the leftover units."""
+    if not windows:
+        return []
+    out = [[int(v) for v in row] for row in windows]
+    for col in range(len(windows[0])):
+        values = [row[col] for row in windows]
+        left = round(sum(values)) - sum(row[col] for row in out)
+        if left > 0:
+            by_rest = sorted(range(len(values)), key=lambda k: values[k] - int(values[k]))
+            for k in by_rest[-left:]:
+                out[k][col] += 1
+    return out
+
+
+def tier_fields(
+    tier_mode: str,
+    windows: Sequence[Sequence[float]],
+    window_s: float,
+    link_busy_s: Sequence[float],
+    span: float,
+    fetch_bytes: float,
+    write_bytes: float,
+) -> dict[str, Any]:
+    """The tier and per-window fields every row carries (colocated and PD)."""
+    busy = [min(b / span, 1.0) for b in link_busy_s] if span > 0 else []
+    return {
+        "tier_mode": tier_mode,
+        "global_fetch_bytes": fetch_bytes,
+        "global_write_bytes": write_bytes,
+        "link_busy_share": sum(busy) / len(busy) if busy else 0.0,
+        "window_s": window_s,
+        "windows": window_series(windows),
+    }
+
+
 def summarize(
     run: RunResult, slo: Slo, policy: str, rate_scale: float, global_ratio: float
 ) -> dict[str, Any]:
@@ -126,4 +170,13 @@ def summarize(
         "global_hit_ratio": where.global_hit_ratio,
         "imbalance_mean": imbalance_mean(run.window_tokens, recs, run.window_s),
         "followup_stickiness": where.followup_stickiness,
+        **tier_fields(
+            run.tier_mode,
+            run.window_tokens,
+            run.window_s,
+            run.link_busy_s,
+            span,
+            run.global_fetch_bytes,
+            run.global_write_bytes,
+        ),
     }

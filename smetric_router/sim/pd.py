@@ -27,7 +27,7 @@ import heapq
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -37,10 +37,11 @@ from smetric_router.engine.api import EngineRequest, StepResult
 from smetric_router.engine.engine import Engine
 from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
-from smetric_router.sim.cluster import RequestRecord, arrival_order, engine_setup, router_features
+from smetric_router.sim.cluster import RequestRecord, arrival_order, router_features
 from smetric_router.sim.config import SimConfig, Slo
-from smetric_router.sim.metrics import imbalance_mean, percentile, placement
+from smetric_router.sim.metrics import imbalance_mean, percentile, placement, tier_fields
 from smetric_router.sim.pages import PageMapper
+from smetric_router.sim.tiers import HiCachePrefetch, TierPort, Tiers
 from smetric_router.traces.schema import TraceRequest
 
 PREFILL_OVERLOAD_SLACK = 4096.0  # tokens: the router's --prefill-overload-slack default
@@ -49,11 +50,17 @@ PREFILL_OVERLOAD_SLACK = 4096.0  # tokens: the router's --prefill-overload-slack
 @dataclass(slots=True)
 class PdRunResult:
     """records: first_token = finish = prefill done (-1: dropped, could never fit).
-    window_load: [window][instance] time-averaged unprefilled tokens (the router's load signal)."""
+    window_load: [window][instance] time-averaged unprefilled tokens (the router's load signal).
+    window_tokens: [window][instance] tokens computed (prefill computed + the first token)."""
 
     records: list[RequestRecord]
     window_load: list[list[float]]
     window_s: float
+    window_tokens: list[list[float]] = field(default_factory=list)
+    tier_mode: str = "paper"
+    link_busy_s: tuple[float, ...] = ()
+    global_fetch_bytes: float = 0.0
+    global_write_bytes: float = 0.0
 
 
 def trace_pages(trace: Sequence[TraceRequest], page_size: int) -> list[np.ndarray]:
@@ -69,11 +76,29 @@ def trace_pages(trace: Sequence[TraceRequest], page_size: int) -> list[np.ndarra
 
 
 class _Prefill:
-    __slots__ = ("busy", "clock", "engine", "idx", "load", "load_since", "result")
+    __slots__ = (
+        "busy",
+        "clock",
+        "engine",
+        "idx",
+        "load",
+        "load_since",
+        "parked",
+        "port",
+        "prefetch",
+        "result",
+        "version",
+    )
 
-    def __init__(self, idx: int, engine: Engine) -> None:
+    def __init__(
+        self, idx: int, engine: Engine, port: TierPort | None, prefetch: HiCachePrefetch | None
+    ) -> None:
         self.idx = idx
         self.engine = engine
+        self.port = port
+        self.prefetch = prefetch
+        self.parked = False  # idle but for requests waiting on their prefetch
+        self.version = 0
         self.clock = 0.0  # start of the step in flight, or of the next one
         self.busy = False  # a step end (or start) is scheduled
         self.result: StepResult | None = None
@@ -96,35 +121,20 @@ class PdCluster:
         self.cfg = cfg
         self.policy = policy
         self.timing = timing or TimingModel.load(cfg.profile)
-        ecfg, self.global_tier = engine_setup(cfg, self.timing, global_ratio)
-        n_links = -(-cfg.instances // cfg.gpus_per_server)
-        link_free = [0.0] * n_links  # when each server's NIC is next free
-        self.instances: list[_Prefill] = []
-        for i in range(cfg.instances):
-            inst = _Prefill(i, Engine(ecfg, self.global_tier, self.timing))
-            inst.engine.storage_fetch_seconds = self._fetcher(
-                inst, link_free, i // cfg.gpus_per_server
-            )
-            self.instances.append(inst)
+        self.tiers = Tiers(cfg, self.timing, global_ratio)
+        self.global_tier = self.tiers.tier
+        self.instances = [
+            _Prefill(i, self.tiers.engine(i), self.tiers.port(i), self.tiers.prefetcher(i))
+            for i in range(cfg.instances)
+        ]
         self.urls = [f"sim-prefill-{i}" for i in range(cfg.instances)]
         self._url_index = {u: i for i, u in enumerate(self.urls)}
-        self._heap: list[tuple[float, int, int]] = []
+        self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._records: list[RequestRecord] = []
         self._held: dict[int, int] = {}  # request -> unprefilled tokens it adds to its instance
         self._windows: list[list[float]] = []
-
-    def _fetcher(self, inst: _Prefill, link_free: list[float], k: int) -> Callable[[int], float]:
-        kv_bytes = self.timing.kv_bytes_per_token
-        pcie = self.timing.host_load_seconds
-        rate = self.cfg.server_link_bytes_per_s
-
-        def fetch(tokens: int) -> float:
-            start = max(inst.clock, link_free[k])
-            link_free[k] = start + tokens * kv_bytes / rate
-            return link_free[k] - inst.clock + pcie(tokens)
-
-        return fetch
+        self._tokens: list[list[float]] = []
 
     # ---- load signal --------------------------------------------------------------------------
 
@@ -148,22 +158,39 @@ class PdCluster:
 
     def _schedule(self, inst: _Prefill, t: float) -> None:
         inst.busy = True
+        inst.version += 1
         self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, inst.idx))
+        heapq.heappush(self._heap, (t, self._seq, inst.idx, inst.version))
 
     def _run_events(self, until: float) -> None:
         heap = self._heap
         while heap and heap[0][0] <= until:
-            t, _, idx = heapq.heappop(heap)
+            t, _, idx, version = heapq.heappop(heap)
             inst = self.instances[idx]
+            if version != inst.version:
+                continue
             if inst.result is not None:
                 self._deliver(inst, inst.result, t)
                 inst.result = None
             inst.clock = t
+            inst.parked = False
             if not inst.engine.has_work():
                 inst.busy = False
                 continue
+            if inst.port is not None:
+                inst.port.now = t
+            before = inst.engine.prefill_tokens_computed
             res = inst.engine.step()
+            if inst.port is not None:
+                inst.port.flush(t, t + res.duration)
+            if res.duration == 0 and not res.finished:
+                # every waiting request waits on its prefetch: wake when the first may stop
+                assert inst.prefetch is not None, "work that can neither run nor wait"
+                inst.parked = True
+                self._schedule(inst, inst.prefetch.next_ready(t))
+                continue
+            tokens = inst.engine.prefill_tokens_computed - before + len(res.emitted)
+            self._account(inst.idx, t, t + res.duration, tokens)
             for rid, cached in res.scheduled:
                 rec = self._records[int(rid)]
                 rec.cached_global = cached.storage
@@ -177,6 +204,21 @@ class PdCluster:
             rec.first_token = rec.finish = t
         for rid in res.finished:  # prefilled, or dropped (could never fit): the load ends
             self._add_load(inst, t, -self._held.pop(int(rid)))
+
+    def _account(self, idx: int, start: float, end: float, tokens: float) -> None:
+        """Spread tokens computed over [start, end) across the windows (as sim/cluster.py)."""
+        if tokens <= 0:
+            return
+        w = self.cfg.window_s
+        windows = self._tokens
+        end = max(end, start + 1e-12)
+        first, last = int(start // w), int(end // w)
+        while len(windows) <= last:
+            windows.append([0.0] * self.cfg.instances)
+        rate = tokens / (end - start)
+        for k in range(first, last + 1):
+            lo, hi = max(start, k * w), min(end, (k + 1) * w)
+            windows[k][idx] += rate * (hi - lo) if first != last else tokens
 
     # ---- arrivals -----------------------------------------------------------------------------
 
@@ -217,13 +259,24 @@ class PdCluster:
             unprefilled = max(0, req.input_len - hit)
             self._held[n] = unprefilled
             self._add_load(inst, t, unprefilled)
+            if inst.port is not None:
+                inst.port.now = t  # a prefetch starts at the arrival
             inst.engine.add_request(EngineRequest(str(n), [], [], hashes, req.input_len, 1))
-            if not inst.busy:
+            if not inst.busy or inst.parked:
                 self._schedule(inst, t)
             if progress is not None:
                 progress(1)
         self._run_events(math.inf)  # every load is back to 0: nothing left to integrate
-        return PdRunResult(self._records, self._windows, self.cfg.window_s)
+        return PdRunResult(
+            self._records,
+            self._windows,
+            self.cfg.window_s,
+            self._tokens,
+            self.cfg.tier_mode,
+            tuple(link.busy_s for link in self.tiers.links),
+            self.tiers.stats.fetch_bytes,
+            self.tiers.stats.write_bytes,
+        )
 
     def _decide(
         self, features: RequestFeatures, cacheable: list[int], tick: int, rng: random.Random
@@ -257,6 +310,8 @@ def summarize_pd(
       sim/metrics.py), max / mean of each instance's time-averaged unprefilled tokens (the paper's
       in-flight prefill-token load, Figure 21b).
     - reuse split and followup_stickiness as in the colocated rows; mode = "pd".
+    - tier_mode, windows (tokens computed per window and instance: prefill computed + the first
+      token), global_fetch_bytes, global_write_bytes, link_busy_share: as in sim/metrics.py.
     """
     ttft: list[float] = []
     tokens = good = 0
@@ -296,6 +351,15 @@ def summarize_pd(
         "global_hit_ratio": where.global_hit_ratio,
         "imbalance_mean": imbalance_mean(run.window_load, run.records, run.window_s),
         "followup_stickiness": where.followup_stickiness,
+        **tier_fields(
+            run.tier_mode,
+            run.window_tokens,
+            run.window_s,
+            run.link_busy_s,
+            span,
+            run.global_fetch_bytes,
+            run.global_write_bytes,
+        ),
     }
 
 

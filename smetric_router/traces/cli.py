@@ -18,8 +18,8 @@ from pathlib import Path
 
 import orjson
 
-from smetric_router.traces.generate import GenConfig, generate
-from smetric_router.traces.loaders import FORMATS, TraceError, load_trace
+from smetric_router.traces.generate import WARMUP_S, GenConfig, generate
+from smetric_router.traces.loaders import FORMATS, load_trace
 from smetric_router.traces.stats import compute_stats, format_table
 
 
@@ -56,6 +56,8 @@ def _cmd_generate(args: argparse.Namespace) -> None:
         sessions=args.sessions,
         seed=args.seed,
         duration_s=args.duration_s,
+        warmup_s=args.warmup_s,
+        lead_in_s=args.lead_in_s,
         block_size=args.block_size,
         instances=args.instances,
         rpm_per_instance=args.rpm_per_instance,
@@ -63,16 +65,27 @@ def _cmd_generate(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     n = generate(cfg, args.out)
     print(
-        f"wrote {n} requests ({cfg.sessions} root sessions) to {args.out} "
+        f"wrote {n} requests (window of {cfg.sessions} root sessions) to {args.out} "
         f"in {time.perf_counter() - t0:.1f} s"
     )
 
 
+# ../shared/traces beside the repository (the repository's parent holds shared/).
+MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake-conversation.jsonl"
+
+
 def _cmd_stats(args: argparse.Namespace) -> None:
-    st = compute_stats(load_trace(args.trace, args.format, args.block_size), args.instances)
-    print(format_table(st))
+    reqs = load_trace(args.trace, args.format, args.block_size)
+    st = compute_stats(reqs, args.instances, args.from_s)
+    ref = None
+    if args.compare == "auto":
+        args.compare = str(MOONCAKE) if MOONCAKE.exists() else "none"
+    if args.compare != "none":
+        ref = compute_stats(load_trace(args.compare), args.instances)
+    print(format_table(st, ref, Path(args.compare).stem if ref else ""))
     if args.json:
-        Path(args.json).write_bytes(orjson.dumps(st.to_dict(), option=orjson.OPT_INDENT_2))
+        doc = {**st.to_dict(), **({"compare": ref.to_dict()} if ref else {})}
+        Path(args.json).write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
 
 
 def _positive_int(v: str) -> int:
@@ -96,26 +109,55 @@ def build_parser() -> argparse.ArgumentParser:
         "generate",
         help="write an agentic trace (Bailian schema + trigger)",
         description="Write an agentic trace in the Bailian schema plus a `trigger` field, "
-        "calibrated to the paper's §3 findings (see smetric_router.traces.generate).",
+        "calibrated to the paper's §3 findings and published agentic traces, written as a "
+        "steady-state window (see smetric_router.traces.generate).",
     )
-    p.add_argument("--sessions", type=_positive_int, required=True, help="root sessions")
+    p.add_argument(
+        "--sessions",
+        type=_positive_int,
+        required=True,
+        help="root sessions starting inside the window (~50 requests each in steady state)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same file)")
     p.add_argument("--out", required=True, help="output JSONL file")
     p.add_argument(
         "--duration-s",
         type=float,
         default=None,
-        help="window over which sessions start (Poisson); default: requests / target rate",
+        help="length of the written window, over which the root sessions start (Poisson); "
+        "default: set so the steady rate is --rpm-per-instance x --instances",
     )
-    p.add_argument("--block-size", type=_positive_int, default=16, help="tokens per hash id")
     p.add_argument(
-        "--instances", type=_positive_int, default=32, help="cluster size for the default rate"
+        "--warmup-s",
+        type=float,
+        default=WARMUP_S,
+        help="sessions also start this long before the window, so the window is a steady state; "
+        "their requests before it are not written (default %(default)g s; 0: all sessions start "
+        "in the window, which then begins with young sessions)",
+    )
+    p.add_argument(
+        "--lead-in-s",
+        type=float,
+        default=0.0,
+        help="also write the last this-many seconds of the warm-up, shifting timestamps so the "
+        "window starts here: a replay can warm its caches on them and measure from this time "
+        "(`stats --from-s`); at most --warmup-s (default %(default)g: the file is the window)",
+    )
+    p.add_argument(
+        "--block-size", type=_positive_int, default=16, help="tokens per hash id (default 16)"
+    )
+    p.add_argument(
+        "--instances",
+        type=_positive_int,
+        default=32,
+        help="cluster size for the default rate (default 32)",
     )
     p.add_argument(
         "--rpm-per-instance",
         type=float,
         default=43.0,
-        help="target requests per minute per instance for the default duration (paper: 43)",
+        help="target requests per minute per instance for the default duration (default 43: "
+        "the paper's Trace 1)",
     )
     p.set_defaults(run=_cmd_generate)
 
@@ -130,6 +172,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--instances", type=_positive_int, default=32, help="cluster size for requests/min/instance"
     )
+    p.add_argument(
+        "--from-s",
+        type=float,
+        default=0.0,
+        help="characterize the requests arriving from this time on; earlier ones only fill the "
+        "store (a generated trace's --lead-in-s; default %(default)g: all requests)",
+    )
+    p.add_argument(
+        "--compare",
+        default="auto",
+        metavar="TRACE|auto|none",
+        help="a second trace whose statistics get their own column (format detected); 'auto' "
+        "(default): Mooncake's conversation trace at ../shared/traces/mooncake-conversation.jsonl "
+        "when that file exists; 'none': no second column. The paper's column is always shown",
+    )
     p.add_argument("--json", metavar="OUT", help="also write the numbers as JSON")
     p.set_defaults(run=_cmd_stats)
     return parser
@@ -139,6 +196,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         args.run(args)
-    except TraceError as exc:
+    except ValueError as exc:  # TraceError, or options the generator or stats refuse
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

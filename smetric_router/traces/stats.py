@@ -4,17 +4,22 @@ Definitions (block granularity, an infinite store, requests replayed in arrival 
 - reuse ratio: prompt tokens in blocks some earlier request already held (a prefix cache: lookup
   stops at the first block never seen), over all prompt tokens. A full block counts `block_size`
   tokens, the partial last block its own length.
-- the reuse split: a reused block is *intra-session* when an earlier request of the same session
-  held it (follow-ups re-sending their history); otherwise it is *system prompt* reuse when the
-  request is its session's first (turn 0: a fresh session can only share the prompt template) and
-  *other inter-session* reuse for a later turn (e.g. a forked agent's start from its parent's
-  context).
+- the reuse split, by the session that *originally produced* the block (§3: "for each reuse we
+  track which session originally produced the reused tokens"): *intra-session* when it is the
+  request's own session; otherwise *system prompt* when the block is a template block, i.e. one a
+  session's first request (turn 0) reused from another session (a fresh session can only share the
+  prompt template, and every later turn re-sends it), else *other inter-session* (e.g. a forked
+  agent re-using its parent's context).
 - reuse interval: for each reused block, the time since the last earlier request holding it
   (arrival to arrival: traces do not record completion times); the share of reused blocks within
   10 s, 100 s and 1 h.
 - trigger mix: share of requests per `trigger` ("unknown" where the trace has none).
 - requests per minute per instance: requests in each full 1-minute window from the first arrival,
   over the instance count; mean and min over windows (a trailing partial window is left out).
+- session shape: requests per session, share of requests that are first requests (turn 0) and
+  that start a chain (no parent: first requests and forked sub-agents), share of sessions with one
+  request, turns per session (its last turn + 1, median / p90), and the share of prompt tokens in
+  blocks held by >= SHARED_BY sessions (shared templates).
 - top-3 % token share: share of all tokens (prompt + output) in the 3 % of sessions (rounded up)
   with the most tokens.
 """
@@ -31,6 +36,7 @@ import numpy as np
 from smetric_router.traces.schema import TraceRequest
 
 INTERVALS_S: tuple[float, ...] = (10.0, 100.0, 3600.0)
+SHARED_BY = 20  # "template" tokens: blocks held by this many sessions or more
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,53 +57,82 @@ class TraceStats:
     top3pct_token_share: float
     mean_input_tokens: float
     max_input_tokens: int
+    requests_per_session: float
+    first_request_share: float  # turn 0: requests that open a session
+    chain_start_share: float  # requests with no parent (first requests and forked sub-agents)
+    one_request_session_share: float  # of sessions
+    shared_ge20_token_share: float  # of prompt tokens, blocks held by >= SHARED_BY sessions
+    turns_median: float  # per session: its last turn + 1 (turns before the window count)
+    turns_p90: float
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
-def compute_stats(reqs: Sequence[TraceRequest], instances: int = 32) -> TraceStats:
-    """Characterize `reqs` (in arrival order, as the loaders return them)."""
+def compute_stats(
+    reqs: Sequence[TraceRequest], instances: int = 32, from_s: float = 0.0
+) -> TraceStats:
+    """Characterize `reqs` (in arrival order, as the loaders return them). Requests arriving
+    before `from_s` (a generated trace's lead-in) only fill the store: the statistics are those
+    of the later ones against a warm store."""
     if not reqs:
         raise ValueError("empty trace")
+    k0 = next((k for k, r in enumerate(reqs) if r.arrival_s >= from_s), len(reqs))
+    if k0 == len(reqs):
+        raise ValueError(f"no request arrives at or after {from_s:g} s")
+    lens = np.fromiter((len(r.block_ids) for r in reqs), dtype=np.int64, count=len(reqs))
     flat = np.fromiter(
-        (b for r in reqs for b in r.block_ids),
-        dtype=np.int64,
-        count=sum(len(r.block_ids) for r in reqs),
+        (b for r in reqs for b in r.block_ids), dtype=np.int64, count=int(lens.sum())
     )
     _, dense = np.unique(flat, return_inverse=True)
-    last_use = np.full(int(dense.max(initial=-1)) + 1, np.nan)
-    session_held: dict[str, set[int]] = {}
-    intra = system = other = total = 0
-    reused_blocks = 0
-    within = np.zeros(len(INTERVALS_S), dtype=np.int64)
+    sess_names = {s: i for i, s in enumerate(dict.fromkeys(r.session for r in reqs))}
+    sess = np.array([sess_names[r.session] for r in reqs], dtype=np.int64)
+    nblocks = int(dense.max(initial=-1)) + 1
+    last_use = np.full(nblocks, np.nan)
+    origin = np.full(nblocks, -1, dtype=np.int64)  # the session that first held the block
+    template = np.zeros(nblocks, dtype=bool)  # reused across sessions by a session's first request
+    # Per measured request: intra, system, other, prompt tokens, reused blocks, then the counts
+    # of reused blocks within each of INTERVALS_S.
+    acc = np.zeros(5 + len(INTERVALS_S), dtype=np.int64)
+    limits = np.asarray(INTERVALS_S)
     pos = 0
-    for r in reqs:
+    for k, r in enumerate(reqs):
         n = len(r.block_ids)
         idx = dense[pos : pos + n]
         pos += n
-        sizes = _block_tokens(r)
-        total += r.input_len
         seen = ~np.isnan(last_use[idx])
         hit = n if seen.all() else int(np.argmin(seen))
-        held = session_held.setdefault(r.session, set())
-        own = _held_prefix(idx, hit, held)
-        intra += _tokens(sizes, 0, own, r.block_size)
-        inter = _tokens(sizes, own, hit, r.block_size)
+        ids = idx[:hit]
+        own = origin[ids] == sess[k]
         if r.turn == 0:
-            system += inter
-        else:
-            other += inter
-        if hit:
-            gaps = r.arrival_s - last_use[idx[:hit]]
-            within += np.count_nonzero(gaps[:, None] <= np.asarray(INTERVALS_S)[None, :], axis=0)
-            reused_blocks += hit
+            template[ids[~own]] = True
+        if k >= k0:  # before k0 (lead-in) a request only fills the store
+            tok = np.full(hit, r.block_size, dtype=np.int64)
+            if hit and hit == n:
+                tok[-1] = r.input_len - (n - 1) * r.block_size
+            sys_mask = ~own & template[ids]
+            acc[0] += tok[own].sum()
+            acc[1] += tok[sys_mask].sum()
+            acc[2] += tok[~own & ~sys_mask].sum()
+            acc[3] += r.input_len
+            acc[4] += hit
+            gaps = r.arrival_s - last_use[ids]
+            acc[5:] += np.count_nonzero(gaps[:, None] <= limits[None, :], axis=0)
         last_use[idx] = r.arrival_s
-        held.update(idx[own:].tolist())
+        fresh = idx[hit:]
+        origin[fresh[origin[fresh] < 0]] = sess[k]
+    intra, system, other, total, reused_blocks = (int(x) for x in acc[:5])
+    within = acc[5:]
     reused = intra + system + other
+    off = int(lens[:k0].sum())
+    lens, dense, sess, reqs = lens[k0:], dense[off:], sess[k0:], reqs[k0:]
+    _, sess = np.unique(sess, return_inverse=True)  # the measured requests' sessions, dense
+    per_session = np.bincount(sess)
+    turns = np.zeros(len(per_session), dtype=np.int64)
+    np.maximum.at(turns, sess, np.array([r.turn + 1 for r in reqs], dtype=np.int64))
     return TraceStats(
         requests=len(reqs),
-        sessions=len(session_held),
+        sessions=len(per_session),
         span_s=reqs[-1].arrival_s - reqs[0].arrival_s,
         prompt_tokens=total,
         reuse_ratio=reused / max(1, total),
@@ -114,34 +149,34 @@ def compute_stats(reqs: Sequence[TraceRequest], instances: int = 32) -> TraceSta
         top3pct_token_share=_top_share(reqs, 0.03),
         mean_input_tokens=total / len(reqs),
         max_input_tokens=max(r.input_len for r in reqs),
+        requests_per_session=len(reqs) / len(per_session),
+        first_request_share=sum(r.turn == 0 for r in reqs) / len(reqs),
+        chain_start_share=sum(r.parent is None for r in reqs) / len(reqs),
+        one_request_session_share=float(np.mean(per_session == 1)),
+        shared_ge20_token_share=_shared_share(reqs, lens, dense, sess, SHARED_BY) / max(1, total),
+        turns_median=float(np.median(turns)),
+        turns_p90=float(np.percentile(turns, 90)),
     )
 
 
-def _block_tokens(r: TraceRequest) -> tuple[int, int]:
-    """(number of blocks, tokens in the last block)."""
-    n = len(r.block_ids)
-    return n, r.input_len - (n - 1) * r.block_size if n else 0
-
-
-def _tokens(sizes: tuple[int, int], start: int, end: int, bs: int) -> int:
-    """Tokens in blocks [start, end) of a prompt of `sizes`."""
-    n, last = sizes
-    if end <= start:
-        return 0
-    return (end - start) * bs - (bs - last if end == n else 0)
-
-
-def _held_prefix(idx: np.ndarray, hit: int, held: set[int]) -> int:
-    """Length of the prefix of `idx` the session held: prefix-chained ids make holding monotone,
-    so a binary search over the first `hit` blocks finds it."""
-    lo, hi = 0, hit
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if int(idx[mid - 1]) in held:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+def _shared_share(
+    reqs: Sequence[TraceRequest],
+    lens: np.ndarray,
+    dense: np.ndarray,
+    sess: np.ndarray,
+    k: int,
+) -> int:
+    """Prompt tokens in blocks that at least `k` distinct sessions hold."""
+    owner = np.repeat(sess, lens)
+    pairs = np.unique(dense * (int(sess.max()) + 1) + owner)
+    holders = np.bincount(pairs // (int(sess.max()) + 1), minlength=int(dense.max()) + 1)
+    tok = np.full(len(dense), reqs[0].block_size, dtype=np.int64)
+    ends = np.cumsum(lens) - 1
+    has = lens > 0
+    tok[ends[has]] = [
+        r.input_len - (len(r.block_ids) - 1) * r.block_size for r in reqs if r.block_ids
+    ]
+    return int(tok[holders[dense] >= k].sum())
 
 
 def _trigger_mix(reqs: Sequence[TraceRequest]) -> dict[str, float]:
@@ -172,23 +207,68 @@ def _top_share(reqs: Sequence[TraceRequest], frac: float) -> float:
     return sum(vals[:k]) / max(1, sum(vals))
 
 
-def format_table(st: TraceStats) -> str:
-    rows = [
-        ("requests", f"{st.requests}"),
-        ("sessions", f"{st.sessions}"),
-        ("span", f"{st.span_s:.0f} s"),
-        ("input tokens (mean / max)", f"{st.mean_input_tokens:.0f} / {st.max_input_tokens}"),
-        ("reuse ratio", f"{st.reuse_ratio:.1%}"),
-        ("  intra-session (of reuse)", f"{st.intra_session_share:.1%}"),
-        ("  system prompt (of reuse)", f"{st.system_prompt_share:.1%}"),
-        ("  other inter-session (of reuse)", f"{st.other_inter_share:.1%}"),
-        *((f"reuse within {k}", f"{v:.1%}") for k, v in st.reuse_within.items()),
-        *((f"trigger {k}", f"{v:.1%}") for k, v in st.trigger_mix.items()),
-        (
-            f"requests/min/instance ({st.instances}) mean / min",
-            f"{st.rpm_per_instance_mean:.1f} / {st.rpm_per_instance_min:.1f}",
+# The paper's §3 numbers (../shared/reference/paper-numbers.md), Trace 1 / Trace 2; "" where §3
+# gives none.
+PAPER: dict[str, str] = {
+    "reuse ratio": "> 80 % (chat 54-62 %)",
+    "  intra-session (of reuse)": "~67 %",
+    "  system prompt (of reuse)": "18 % / 20 %",
+    "  other inter-session (of reuse)": "~15 % (the rest)",
+    "reuse within 10s": "often a few s",
+    "reuse within 100s": "~90 %",
+    "reuse within 3600s": "tail to hours",
+    "requests/min/instance mean / min": "43 / >= 30; 48 / >= 30",
+    "token share of top 3 % sessions": "few sessions, most tokens",
+    "first requests (turn 0)": "a small fraction",
+    "trigger agent": "mostly agent",
+    "trigger user": "some",
+    "trigger compaction": "some",
+}
+
+
+def _rows(st: TraceStats) -> dict[str, str]:
+    rows = {
+        "requests": f"{st.requests}",
+        "sessions": f"{st.sessions}",
+        "span": f"{st.span_s:.0f} s",
+        "input tokens (mean / max)": f"{st.mean_input_tokens:.0f} / {st.max_input_tokens}",
+        "reuse ratio": f"{st.reuse_ratio:.1%}",
+        "  intra-session (of reuse)": f"{st.intra_session_share:.1%}",
+        "  system prompt (of reuse)": f"{st.system_prompt_share:.1%}",
+        "  other inter-session (of reuse)": f"{st.other_inter_share:.1%}",
+        **{f"reuse within {k}": f"{v:.1%}" for k, v in st.reuse_within.items()},
+        **{f"trigger {k}": f"{st.trigger_mix.get(k, 0.0):.1%}" for k in _TRIGGERS},
+        "requests/min/instance mean / min": (
+            f"{st.rpm_per_instance_mean:.1f} / {st.rpm_per_instance_min:.1f} ({st.instances})"
         ),
-        ("token share of top 3 % sessions", f"{st.top3pct_token_share:.1%}"),
+        "token share of top 3 % sessions": f"{st.top3pct_token_share:.1%}",
+        "requests per session": f"{st.requests_per_session:.1f}",
+        "first requests (turn 0)": f"{st.first_request_share:.1%}",
+        "chain starts (first + forked)": f"{st.chain_start_share:.1%}",
+        "sessions with one request": f"{st.one_request_session_share:.1%}",
+        f"prompt tokens shared by >= {SHARED_BY} sessions": f"{st.shared_ge20_token_share:.1%}",
+        "turns per session median / p90": f"{st.turns_median:.0f} / {st.turns_p90:.0f}",
+    }
+    if "unknown" in st.trigger_mix:
+        rows = {k: ("no triggers" if k.startswith("trigger") else v) for k, v in rows.items()}
+    return rows
+
+
+_TRIGGERS = ("agent", "user", "compaction")
+
+
+def format_table(
+    st: TraceStats, compare: TraceStats | None = None, compare_name: str = "compare"
+) -> str:
+    """A table: this trace, `compare` (when given) and the paper's §3 numbers, one row each."""
+    mine = _rows(st)
+    other = _rows(compare) if compare is not None else {}
+    head = ["statistic", "this trace", *([compare_name] if compare else []), "paper §3"]
+    body = [
+        [k, v, *([other.get(k, "")] if compare else []), PAPER.get(k, "")] for k, v in mine.items()
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    table = [head, *body]
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table
+    )

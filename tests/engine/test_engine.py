@@ -215,3 +215,36 @@ def test_deterministic() -> None:
         return [(r.duration, r.scheduled, r.emitted, r.finished, r.kv_events) for r in run(e)]
 
     assert trace() == trace()
+
+
+class _Prefetch:
+    """A Prefetcher stand-in: what each request's prefetch has brought, None while it waits."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, int] = {}
+        self.ready: dict[str, int | None] = {}
+
+    def start(self, rid: str, pages: int) -> None:
+        self.started[rid] = pages
+
+    def poll(self, rid: str) -> int | None:
+        return self.ready.get(rid, 0)
+
+
+def test_a_request_still_prefetching_is_passed_over_and_takes_only_what_arrived() -> None:
+    tier = GlobalTier(page_size=PS)
+    prompt = toks(1, 8 * PS)
+    tier.store(page_hashes(prompt, PS))
+    e = Engine(EngineConfig(page_size=PS), tier)
+    pf = _Prefetch()
+    e.prefetcher = pf
+    follow = [*prompt, 7, 8, 9]
+    e.add_request(EngineRequest("waits", follow, [1]))
+    e.add_request(EngineRequest("other", toks(2, 2 * PS), [1]))
+    assert pf.started == {"waits": 8, "other": 0}
+    pf.ready["waits"] = None
+    first = e.step()
+    assert [rid for rid, _ in first.scheduled] == ["other"]  # not blocked behind "waits"
+    pf.ready["waits"] = 5  # the prefetch stopped with 5 of its 8 pages
+    second = e.step()
+    assert second.scheduled == [("waits", CachedTokens(storage=5 * PS))]

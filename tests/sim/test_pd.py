@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,16 @@ def test_cli_pd_writes_prefill_rows(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "max TPS within SLO" in capsys.readouterr().out
     assert main(["--trace", str(path), "--pd", "--policies", "cache_aware"]) == 2
     assert "not modelled under --pd" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tier_mode", ["paper", "hicache"])
+def test_pd_rows_carry_the_tier_mode_and_the_tokens_computed_per_window(tier_mode: str) -> None:
+    cfg = replace(_cfg(2), tier_mode=tier_mode, window_s=0.05)
+    cluster = PdCluster(cfg, make_policy("round_robin", cfg.params), 1.0)
+    trace = [_req(f"r{k}", 0.03 * k, f"s{k}", 0, _blocks(k + 1, 64)) for k in range(6)]
+    res = cluster.run(trace)
+    row = summarize_pd(res, Slo(), "round_robin", 1.0, 1.0)
+    assert row["tier_mode"] == tier_mode
+    computed = sum(i.engine.prefill_tokens_computed for i in cluster.instances)
+    assert len(row["windows"]) > 1
+    assert sum(map(sum, row["windows"])) == computed + len(trace)  # + each first token
