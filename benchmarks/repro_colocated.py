@@ -3,8 +3,8 @@
 acceptance table.
 
     python -m benchmarks.repro_colocated FIGURE [--jobs N]
-    FIGURE: probe, bailian_lambda, fig9, fig11, fig12, fig14, fig15, fig25, provisioning, nics,
-            degraded_link, acceptance, all, plan, reuse
+    FIGURE: bailian_lambda, fig9, fig11, fig12, fig14, fig15, fig25, provisioning, nics,
+            degraded_link, acceptance, all; plan, probe, reuse, moves (diagnostics)
 
 The study's trace comes from ONE place, `STUDY` below (the generator command, the trace seeds, the
 replayed window); the script generates a missing trace with exactly that command. Every run is
@@ -43,10 +43,11 @@ import matplotlib
 import numpy as np
 import orjson
 
+from smetric_router.core.types import ClusterView, Decision, RequestFeatures
 from smetric_router.engine.timing import load_profile
 from smetric_router.policies import make_policy
 from smetric_router.policies.base import PolicyParams
-from smetric_router.sim.cluster import Cluster, RunResult
+from smetric_router.sim.cluster import Cluster, RunResult, arrival_order
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.metrics import last_arrival_window, summarize, window_imbalance
 from smetric_router.traces.loaders import load_trace
@@ -126,7 +127,7 @@ SEEDS = STUDY.seeds
 # Rate scale "1.0x" = BASE_RATE x the trace's own arrival rate: re-chosen on each trace by
 # `probe` (the rule is in its docstring). The sweeps are multiples of it.
 BASE_RATE = 0.3
-SWEEP = (1.0, 1.5, 2.0)  # x BASE_RATE: max-TPS sweep (seed 1), Figs 9, 11, 12, 15
+SWEEP = (1.0, 1.5, 2.0, 2.5)  # x BASE_RATE: max-TPS sweep (seed 1), Figs 9, 11, 12, 15
 AT = 1.5  # x BASE_RATE: the operating point of Figs 12, 14/24, 25 and the global-tier figures
 # Global-tier capacity, x the cluster's total GPU KV (paper mode: no private host tier). Fig 11
 # (3 seeds): none, the paper's named 1.6x (§5.3), never binding. The provisioning figure adds
@@ -1328,6 +1329,56 @@ def reuse() -> None:
     )
 
 
+def moves(overload: float = 2.0) -> None:
+    """Where SMetric's follow-ups go (seed 1, rate AT, full tier): each follow-up's decision
+    reason, and each one off its session's first instance by why it left."""
+    params = PolicyParams(overload=overload)
+    inner = make_policy("smetric", params)
+    seen: list[tuple[str, dict[str, int], str]] = []
+
+    @dataclass(frozen=True, slots=True)
+    class Recorder:
+        name: str = "smetric"
+        uses_text_tree: bool = False
+
+        def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+            d = inner.decide(features, view)
+            seen.append((d.reason, {w.url: w.hit for w in view.workers}, d.worker))
+            return d
+
+    reqs = trace(SEEDS[0])
+    cfg = sim_config(Spec("smetric", AT, overload=overload))
+    res = Cluster(cfg, Recorder(), math.inf).run(reqs, AT * BASE_RATE)
+    prev: dict[str, int] = {}
+    followups = 0
+    reasons: dict[str, int] = {}
+    tally: dict[str, int] = {}
+    order = [reqs[i] for i in arrival_order(reqs)]
+    for rec, (reason, hits, chosen), req in zip(res.records, seen, order, strict=True):
+        if rec.turn > 0 and rec.first_instance >= 0:
+            followups += 1
+            reasons[reason] = reasons.get(reason, 0) + 1
+            left = prev.get(req.session, rec.instance)
+            if rec.instance != rec.first_instance:
+                if left == rec.instance:
+                    kind = "stays where an earlier move put it"
+                elif reason != "sticky":
+                    kind = f"moved by {reason}"
+                elif hits[list(hits)[left]] == hits[chosen]:
+                    kind = "moved: the instance it left ties on the longest hit"
+                else:
+                    kind = "moved: another instance has a longer hit"
+                tally[kind] = tally.get(kind, 0) + 1
+        prev[req.session] = rec.instance
+    print(f"smetric, OVERLOAD {overload:g}, rate {AT:g}x, full tier, seed {SEEDS[0]}: {followups}")
+    print("follow-ups whose session's first request is in the window; their decisions:")
+    for kind, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:5d} ({n / followups:.1%})  {kind}")
+    print("those off their first instance:")
+    for kind, n in sorted(tally.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:5d} ({n / followups:.1%})  {kind}")
+
+
 @dataclass(frozen=True, slots=True)
 class Figure:
     render: Callable[[], None]
@@ -1366,7 +1417,7 @@ def plan(names: Sequence[str]) -> list[Spec]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("figure", choices=(*FIGS, "all", "plan", "probe", "reuse"))
+    ap.add_argument("figure", choices=(*FIGS, "all", "plan", "probe", "reuse", "moves"))
     ap.add_argument(
         "--jobs",
         type=int,
@@ -1380,6 +1431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         probe()
     elif args.figure == "reuse":  # a diagnostic of the trace, no figure
         reuse()
+    elif args.figure == "moves":  # a diagnostic of SMetric's decisions, no figure
+        moves(2.0)
+        moves(math.inf)
     elif args.figure == "plan":
         plan(list(FIGS))
     else:
