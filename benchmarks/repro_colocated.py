@@ -1112,9 +1112,9 @@ def provisioning() -> None:
         "share).",
         "",
         f"Why these points: the replayed window's distinct prompt tokens (its working set with an "
-        f"infinite store) are {ws:.2f}x the cluster's GPU KV, so the points bracket it from "
-        "nothing (0) through a fraction of it to a multiple, and inf never binds; 1.6x is the "
-        "paper's named point (§5.3).",
+        f"infinite store) are {ws:.2f}x the cluster's GPU KV: the points go from none (0) "
+        "through fractions of it (0.5x, and 1.6x, the paper's named point, §5.3) to a tier that "
+        "never binds (inf); the knee lies where a policy's fetches start to miss.",
         "",
         *_tier_table(PROVISIONING, rows, "global {}"),
         "",
