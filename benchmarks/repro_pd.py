@@ -45,10 +45,11 @@ from smetric_router.traces.schema import TraceRequest
 
 POLICIES = ("smetric", "bailian", "lmetric", "load_balance")
 # 32 prefill instances (the paper's). The generator's default window for 200 sessions is ~416 s
-# (43 requests/min/instance at 32); the same sessions in a shorter window arrive faster. Two rates
-# and two provisionings: the CPU budget of issue 14 (~1 min a run).
+# (43 requests/min/instance at 32: rate 1); the same sessions in a longer window arrive slower.
+# 0.3-0.75x the trace's rate: every policy is past its knee at 1x on this model (fig21_23_pd.md).
 SESSIONS = 200
-DURATIONS = (416.0, 280.0)
+TRACE_RATE_S = 416.0
+DURATIONS = (1387.0, 925.0, 693.0, 555.0)
 RATIOS = (0.0, math.inf)
 
 
@@ -271,7 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="session start windows in s, one trace each; shorter = a higher request rate",
     )
     p.add_argument(
-        "--base-s", type=float, default=None, help="duration of rate 1 (default: the longest)"
+        "--base-s",
+        type=float,
+        default=TRACE_RATE_S,
+        help="duration of rate 1 (the generator's window for --sessions 200: the trace's rate)",
     )
     p.add_argument(
         "--global-ratios",
