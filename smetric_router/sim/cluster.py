@@ -43,7 +43,7 @@ from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.pages import PageMapper
-from smetric_router.sim.tiers import HiCachePrefetch, TierPort, Tiers, engine_setup
+from smetric_router.sim.tiers import HiCachePrefetch, TierPort, Tiers, engine_setup, prefetch_wake
 from smetric_router.traces.schema import TraceRequest
 
 _CHARS_PER_TOKEN = 4  # sglang-router's tree holds text; its size bound is in chars
@@ -66,7 +66,7 @@ class RequestRecord:
     finish: float = -1.0
 
 
-__all__ = ["Cluster", "RequestRecord", "RunResult", "engine_setup", "simulate"]
+__all__ = ["Cluster", "RequestRecord", "RunResult", "add_to_windows", "engine_setup", "simulate"]
 
 
 @dataclass(slots=True)
@@ -117,6 +117,33 @@ def _block_text(block_ids: Sequence[int]) -> str:
 
 def arrival_order(trace: Sequence[TraceRequest]) -> list[int]:
     return sorted(range(len(trace)), key=lambda i: (trace[i].arrival_s, i))
+
+
+def add_to_windows(
+    windows: list[list[float]],
+    instances: int,
+    window_s: float,
+    idx: int,
+    start: float,
+    end: float,
+    tokens: float,
+) -> None:
+    """Spread instance idx's tokens computed over [start, end) across windows of window_s
+    ([window][instance], grown as needed): the colocated and the PD cluster's series."""
+    if tokens <= 0:
+        return
+    if end <= start:
+        end = start + 1e-12
+    first, last = int(start // window_s), int(end // window_s)
+    while len(windows) <= last:
+        windows.append([0.0] * instances)
+    if first == last:
+        windows[first][idx] += tokens
+        return
+    rate = tokens / (end - start)
+    for k in range(first, last + 1):
+        lo, hi = max(start, k * window_s), min(end, (k + 1) * window_s)
+        windows[k][idx] += rate * (hi - lo)
 
 
 def router_features(
@@ -232,9 +259,7 @@ class Cluster:
     def _park(self, inst: _Instance, t: float) -> None:
         """Nothing could run: every waiting request waits on its prefetch. Wake up when the
         first may stop (an arrival wakes it earlier: _dispatch)."""
-        wake = inst.prefetch.next_ready(t) if inst.prefetch is not None else math.inf
-        if math.isinf(wake):  # cannot happen: a request with nothing to wait for is admitted
-            raise RuntimeError(f"instance {inst.idx} has work it can neither run nor wait for")
+        wake = prefetch_wake(inst.prefetch, t, inst.idx)
         inst.parked = True
         self._schedule(inst, wake)
 
@@ -257,23 +282,9 @@ class Cluster:
             self._load[inst.idx] -= 1
 
     def _account(self, idx: int, start: float, end: float, tokens: float) -> None:
-        """Spread tokens computed over [start, end) across the measurement windows."""
-        w = self.cfg.window_s
-        windows = self._windows
-        if tokens <= 0:
-            return
-        if end <= start:
-            end = start + 1e-12
-        first, last = int(start // w), int(end // w)
-        while len(windows) <= last:
-            windows.append([0.0] * self.cfg.instances)
-        if first == last:
-            windows[first][idx] += tokens
-            return
-        rate = tokens / (end - start)
-        for k in range(first, last + 1):
-            lo, hi = max(start, k * w), min(end, (k + 1) * w)
-            windows[k][idx] += rate * (hi - lo)
+        add_to_windows(
+            self._windows, self.cfg.instances, self.cfg.window_s, idx, start, end, tokens
+        )
 
     # ---- arrivals -----------------------------------------------------------------------------
 

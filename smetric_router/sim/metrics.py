@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -107,24 +107,34 @@ def window_series(windows: Sequence[Sequence[float]]) -> list[list[int]]:
     return out
 
 
-def tier_fields(
-    tier_mode: str,
-    windows: Sequence[Sequence[float]],
-    window_s: float,
-    link_busy_s: Sequence[float],
-    span: float,
-    fetch_bytes: float,
-    write_bytes: float,
-) -> dict[str, Any]:
-    """The tier and per-window fields every row carries (colocated and PD)."""
-    busy = [min(b / span, 1.0) for b in link_busy_s] if span > 0 else []
+class TierRun(Protocol):
+    """What tier_fields reads of a run: the colocated RunResult and PD's PdRunResult."""
+
+    @property
+    def tier_mode(self) -> str: ...
+    @property
+    def window_tokens(self) -> list[list[float]]: ...
+    @property
+    def window_s(self) -> float: ...
+    @property
+    def link_busy_s(self) -> tuple[float, ...]: ...
+    @property
+    def global_fetch_bytes(self) -> float: ...
+    @property
+    def global_write_bytes(self) -> float: ...
+
+
+def tier_fields(run: TierRun, span: float) -> dict[str, Any]:
+    """The tier and per-window fields every row carries (colocated and PD); span: the seconds
+    link_busy_share is a share of."""
+    busy = [min(b / span, 1.0) for b in run.link_busy_s] if span > 0 else []
     return {
-        "tier_mode": tier_mode,
-        "global_fetch_bytes": fetch_bytes,
-        "global_write_bytes": write_bytes,
+        "tier_mode": run.tier_mode,
+        "global_fetch_bytes": run.global_fetch_bytes,
+        "global_write_bytes": run.global_write_bytes,
         "link_busy_share": sum(busy) / len(busy) if busy else 0.0,
-        "window_s": window_s,
-        "windows": window_series(windows),
+        "window_s": run.window_s,
+        "windows": window_series(run.window_tokens),
     }
 
 
@@ -170,13 +180,5 @@ def summarize(
         "global_hit_ratio": where.global_hit_ratio,
         "imbalance_mean": imbalance_mean(run.window_tokens, recs, run.window_s),
         "followup_stickiness": where.followup_stickiness,
-        **tier_fields(
-            run.tier_mode,
-            run.window_tokens,
-            run.window_s,
-            run.link_busy_s,
-            span,
-            run.global_fetch_bytes,
-            run.global_write_bytes,
-        ),
+        **tier_fields(run, span),
     }

@@ -37,11 +37,16 @@ from smetric_router.engine.api import EngineRequest, StepResult
 from smetric_router.engine.engine import Engine
 from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
-from smetric_router.sim.cluster import RequestRecord, arrival_order, router_features
+from smetric_router.sim.cluster import (
+    RequestRecord,
+    add_to_windows,
+    arrival_order,
+    router_features,
+)
 from smetric_router.sim.config import SimConfig, Slo
 from smetric_router.sim.metrics import imbalance_mean, percentile, placement, tier_fields
 from smetric_router.sim.pages import PageMapper
-from smetric_router.sim.tiers import HiCachePrefetch, TierPort, Tiers
+from smetric_router.sim.tiers import HiCachePrefetch, TierPort, Tiers, prefetch_wake
 from smetric_router.traces.schema import TraceRequest
 
 PREFILL_OVERLOAD_SLACK = 4096.0  # tokens: the router's --prefill-overload-slack default
@@ -185,9 +190,8 @@ class PdCluster:
                 inst.port.flush(t, t + res.duration)
             if res.duration == 0 and not res.finished:
                 # every waiting request waits on its prefetch: wake when the first may stop
-                assert inst.prefetch is not None, "work that can neither run nor wait"
                 inst.parked = True
-                self._schedule(inst, inst.prefetch.next_ready(t))
+                self._schedule(inst, prefetch_wake(inst.prefetch, t, inst.idx))
                 continue
             tokens = inst.engine.prefill_tokens_computed - before + len(res.emitted)
             self._account(inst.idx, t, t + res.duration, tokens)
@@ -206,19 +210,7 @@ class PdCluster:
             self._add_load(inst, t, -self._held.pop(int(rid)))
 
     def _account(self, idx: int, start: float, end: float, tokens: float) -> None:
-        """Spread tokens computed over [start, end) across the windows (as sim/cluster.py)."""
-        if tokens <= 0:
-            return
-        w = self.cfg.window_s
-        windows = self._tokens
-        end = max(end, start + 1e-12)
-        first, last = int(start // w), int(end // w)
-        while len(windows) <= last:
-            windows.append([0.0] * self.cfg.instances)
-        rate = tokens / (end - start)
-        for k in range(first, last + 1):
-            lo, hi = max(start, k * w), min(end, (k + 1) * w)
-            windows[k][idx] += rate * (hi - lo) if first != last else tokens
+        add_to_windows(self._tokens, self.cfg.instances, self.cfg.window_s, idx, start, end, tokens)
 
     # ---- arrivals -----------------------------------------------------------------------------
 
@@ -351,15 +343,7 @@ def summarize_pd(
         "global_hit_ratio": where.global_hit_ratio,
         "imbalance_mean": imbalance_mean(run.window_load, run.records, run.window_s),
         "followup_stickiness": where.followup_stickiness,
-        **tier_fields(
-            run.tier_mode,
-            run.window_tokens,
-            run.window_s,
-            run.link_busy_s,
-            span,
-            run.global_fetch_bytes,
-            run.global_write_bytes,
-        ),
+        **tier_fields(run, span),
     }
 
 

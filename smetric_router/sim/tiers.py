@@ -53,6 +53,15 @@ def prefetch_timeout_s(tokens: int) -> float:
     return PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KI_TOKEN_S * tokens / 1024
 
 
+def prefetch_wake(prefetch: HiCachePrefetch | None, t: float, instance: int) -> float:
+    """When an instance whose every waiting request waits on its prefetch wakes up: when the
+    first may stop (an arrival wakes it earlier)."""
+    wake = prefetch.next_ready(t) if prefetch is not None else math.inf
+    if math.isinf(wake):  # cannot happen: a request with nothing to wait for is admitted
+        raise RuntimeError(f"instance {instance} has work it can neither run nor wait for")
+    return wake
+
+
 class Link:
     """A server's NICs: one FIFO for its global-tier reads' and writes' network bytes."""
 
