@@ -2,21 +2,25 @@
 
     python benchmarks/repro_pd.py --out benchmarks/results --jobs 2
 
-Workload: a generated agentic trace (`smetric_router.traces.generate` with its defaults, seed 1,
---sessions root sessions starting in a window of --durations seconds, after the generator's 2 h
-warm-up). The request rate is swept by the session start window (--durations;
-same sessions, same intra-session timing, only the session starts are packed tighter), not by
-compressing the whole trace in time, so an agent's next turn never arrives before its previous
-turn could have finished. Only requests arriving inside the start window are replayed (the
-hour-later resumes and the ramp-down after it would otherwise dominate the span of the TPS
-denominator).
+Workload: generated agentic traces (`smetric_router.traces.generate` with its defaults, one per
+trace seed of --seeds, default 1, 2, 3), --sessions root sessions starting in a window of
+--durations seconds, after the generator's 2 h warm-up). The request rate is swept by the
+session start window (--durations; same sessions, same intra-session timing, only the session
+starts are packed tighter), not by compressing the whole trace in time, so an agent's next turn
+never arrives before its previous turn could have finished. Only requests arriving inside the
+start window are replayed (the hour-later resumes and the ramp-down after it would otherwise
+dominate the span of the TPS denominator).
 
 Cluster: --instances prefill instances of the H20 Qwen3-30B-A3B profile (32, the paper's), in
 the simulator's paper tier mode by default (GPU tier only + a global tier of ratio x the
 cluster's GPU KV behind one 21.75 GB/s NIC per 8-GPU server; --tier-mode hicache for SGLang's).
 
-Writes fig21_23_pd.json (every row, sim JSON schema with the PD fields), four PNGs and
-fig21_23_pd.md (the command, the setting and the tables) into --out.
+Headline numbers (the best prefill TPS within SLO over the rate sweep, and SMetric / the best
+baseline) are the mean over the seeds with the min–max; the rate sweep and TTFT plots show the
+first seed.
+
+Writes fig21_23_pd.json (every row, sim JSON schema with the PD fields and the trace seed), four
+PNGs and fig21_23_pd.md (the command, the setting and the tables) into --out.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.loaders import load_trace
 from smetric_router.traces.schema import TraceRequest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from repro_colocated import spread  # a script beside this one
+
 POLICIES = ("smetric", "bailian", "lmetric", "load_balance")
 # 32 prefill instances (the paper's). The generator's default window for 200 sessions is ~416 s
 # (43 requests/min/instance at 32: rate 1); the same sessions in a longer window arrive slower.
@@ -51,10 +58,15 @@ SESSIONS = 200
 TRACE_RATE_S = 416.0
 DURATIONS = (1387.0, 925.0, 693.0, 555.0)
 RATIOS = (0.0, math.inf)
+SEEDS = (1, 2, 3)
 
 
 def _floats(text: str) -> list[float]:
     return [float(v) for v in text.split(",")]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
 
 
 def window_trace(path: Path, duration: float) -> list[TraceRequest]:
@@ -63,29 +75,31 @@ def window_trace(path: Path, duration: float) -> list[TraceRequest]:
     return [r for r in trace if r.arrival_s - t0 <= duration]
 
 
-_TRACES: dict[float, tuple[list[TraceRequest], Any]] = {}  # duration -> (trace, its pages)
+# (seed, duration) -> (trace, its pages)
+_TRACES: dict[tuple[int, float], tuple[list[TraceRequest], Any]] = {}
 
 
-def _one(task: tuple[argparse.Namespace, float, float, str]) -> tuple[dict[str, Any], Any]:
+def _one(task: tuple[argparse.Namespace, int, float, float, str]) -> tuple[dict[str, Any], Any]:
     """One run: its row, and its TTFT samples where Figure 23 reads them (else None)."""
-    args, duration, ratio, name = task
+    args, seed, duration, ratio, name = task
     cfg = _config(args)
-    trace, pages = _TRACES[duration]
+    trace, pages = _TRACES[seed, duration]
     base = args.base_s or max(args.durations)
     rate = base / duration
     t = time.perf_counter()
     res = PdCluster(cfg, make_policy(name, cfg.params), ratio).run(trace, 1.0, None, pages)
     row = summarize_pd(res, cfg.slo, name, rate, ratio)
     row["requests"] = len(trace)
+    row["seed"] = seed
     row["wall_s"] = time.perf_counter() - t
     print(
-        f"rate {rate:.2f} global {ratio:g} {name:12s} "
+        f"seed {seed} rate {rate:.2f} global {ratio:g} {name:12s} "
         f"prefill TPS@SLO {row['prefill_tps_within_slo']:8.0f} "
         f"TTFT p50 {row['ttft_p50']:6.2f} ({row['wall_s']:.1f} s)",
         file=sys.stderr,
         flush=True,
     )
-    latency = math.isinf(ratio) and duration == _latency_duration(args)
+    latency = seed == args.seeds[0] and math.isinf(ratio) and duration == _latency_duration(args)
     return row, [r.first_token - r.arrival for r in res.records] if latency else None
 
 
@@ -99,13 +113,15 @@ def _latency_duration(args: argparse.Namespace) -> float:
 
 def sweep(args: argparse.Namespace, work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     cfg = _config(args)
-    for duration in args.durations:
-        path = work / f"agentic-{args.sessions}-{duration:g}s.jsonl"
-        generate(GenConfig(sessions=args.sessions, seed=args.seed, duration_s=duration), path)
-        trace = window_trace(path, duration)
-        _TRACES[duration] = (trace, trace_pages(trace, cfg.page_size))
+    for seed in args.seeds:
+        for duration in args.durations:
+            path = work / f"agentic-{args.sessions}-{seed}-{duration:g}s.jsonl"
+            generate(GenConfig(sessions=args.sessions, seed=seed, duration_s=duration), path)
+            trace = window_trace(path, duration)
+            _TRACES[seed, duration] = (trace, trace_pages(trace, cfg.page_size))
     tasks = [
-        (args, d, g, p)
+        (args, s, d, g, p)
+        for s in args.seeds
         for d in sorted(args.durations, reverse=True)
         for g in args.global_ratios
         for p in args.policies
@@ -116,35 +132,65 @@ def sweep(args: argparse.Namespace, work: Path) -> tuple[list[dict[str, Any]], d
     else:
         done = [_one(t) for t in tasks]
     rows = [row for row, _ in done]
-    ttfts = {t[3]: s for t, (_, s) in zip(tasks, done, strict=True) if s is not None}
+    ttfts = {t[4]: s for t, (_, s) in zip(tasks, done, strict=True) if s is not None}
     return rows, ttfts
 
 
-def _best(rows: Sequence[dict[str, Any]], policy: str, ratio: float) -> dict[str, Any]:
-    mine = [r for r in rows if r["policy"] == policy and r["global_ratio"] == ratio]
+def _seeds(rows: Sequence[dict[str, Any]]) -> list[int]:
+    return list(dict.fromkeys(r["seed"] for r in rows))
+
+
+def _best(rows: Sequence[dict[str, Any]], policy: str, ratio: float, seed: int) -> dict[str, Any]:
+    """The policy's row with the max prefill TPS within SLO over the seed's rate sweep."""
+    mine = [
+        r
+        for r in rows
+        if r["policy"] == policy and r["global_ratio"] == ratio and r["seed"] == seed
+    ]
     return max(mine, key=lambda r: r["prefill_tps_within_slo"])
+
+
+def headline(
+    rows: Sequence[dict[str, Any]], policies: Sequence[str], ratio: float
+) -> tuple[dict[str, list[float]], list[float]]:
+    """Per policy its best prefill TPS within SLO on each seed, and SMetric / the best
+    baseline on each seed."""
+    seeds = _seeds(rows)
+    best = {
+        p: [_best(rows, p, ratio, s)["prefill_tps_within_slo"] for s in seeds] for p in policies
+    }
+    ratios = []
+    for k in range(len(seeds)):
+        others = max(best[p][k] for p in policies if p != "smetric")
+        ratios.append(best["smetric"][k] / others if others > 0 else math.nan)
+    return best, ratios
 
 
 def tables(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> str:
     ratios = list(dict.fromkeys(r["global_ratio"] for r in rows))
-    out = ["### Max prefill TPS within SLO over the rate sweep (Figure 22a)", ""]
-    out.append("| global/local | " + " | ".join(policies) + " | SMetric vs best baseline |")
+    seeds = _seeds(rows)
+    out = [
+        "### Max prefill TPS within SLO over the rate sweep (Figure 22a)",
+        "",
+        f"Trace seeds {', '.join(map(str, seeds))}: mean [min–max] over the seeds, each seed's "
+        "best rate.",
+        "",
+    ]
+    out.append("| global/local | " + " | ".join(policies) + " | SMetric / best baseline |")
     out.append("|---" * (len(policies) + 2) + "|")
     for g in ratios:
-        best = {p: _best(rows, p, g)["prefill_tps_within_slo"] for p in policies}
-        others = max(v for p, v in best.items() if p != "smetric")
-        gain = best["smetric"] / others - 1 if others > 0 else math.nan
-        cells = " | ".join(f"{best[p]:,.0f}" for p in policies)
-        out.append(f"| {g:g} | {cells} | {gain:+.1%} |")
+        best, gain = headline(rows, policies, g)
+        cells = " | ".join(spread(best[p]).fmt(",.0f") for p in policies)
+        out.append(f"| {g:g} | {cells} | {spread(gain).fmt('.3f')} |")
     out += ["", "### Every run (prefill TPS in prompt tokens/s, TTFT in s)", ""]
     out.append(
-        "| global | rate | policy | prefill TPS | within SLO | TTFT p50/p90/p99 | reuse | local "
-        "| global hit | imbalance | sticky | wall s |"
+        "| seed | global | rate | policy | prefill TPS | within SLO | TTFT p50/p90/p99 | reuse "
+        "| local | global hit | imbalance | sticky | wall s |"
     )
-    out.append("|---" * 12 + "|")
+    out.append("|---" * 13 + "|")
     for r in rows:
         out.append(
-            f"| {r['global_ratio']:g} | {r['rate_scale']:.2f} | {r['policy']} | "
+            f"| {r['seed']} | {r['global_ratio']:g} | {r['rate_scale']:.2f} | {r['policy']} | "
             f"{r['prefill_tps']:,.0f} | {r['prefill_tps_within_slo']:,.0f} | "
             f"{r['ttft_p50']:.2f}/{r['ttft_p90']:.2f}/{r['ttft_p99']:.2f} | "
             f"{r['reuse_ratio']:.1%} | {r['local_hit_ratio']:.1%} | {r['global_hit_ratio']:.1%} | "
@@ -161,6 +207,7 @@ def plots(rows: Sequence[dict[str, Any]], ttfts: dict[str, Any], out: Path) -> l
 
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     ratios = list(dict.fromkeys(r["global_ratio"] for r in rows))
+    first = _seeds(rows)[0]
     written = []
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -168,22 +215,25 @@ def plots(rows: Sequence[dict[str, Any]], ttfts: dict[str, Any], out: Path) -> l
         pts = sorted(
             (r["rate_scale"], r["prefill_tps_within_slo"])
             for r in rows
-            if r["policy"] == p and math.isinf(r["global_ratio"])
+            if r["policy"] == p and math.isinf(r["global_ratio"]) and r["seed"] == first
         )
         ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
-    ax.set(xlabel="request rate (x lowest)", ylabel="prefill TPS within SLO (tokens/s)")
-    ax.set_title("Fig. 21a: rate sweep, fully provisioned global tier")
+    ax.set(xlabel="request rate (x the trace's)", ylabel="prefill TPS within SLO (tokens/s)")
+    ax.set_title(f"Fig. 21a: rate sweep, fully provisioned global tier (seed {first})")
     ax.legend()
     written.append(_save(fig, out / "fig21a_pd_rate_sweep.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / len(policies)
+    spreads = {g: headline(rows, policies, g)[0] for g in ratios}
     for k, p in enumerate(policies):
-        ys = [_best(rows, p, g)["prefill_tps_within_slo"] for g in ratios]
-        ax.bar(np.arange(len(ratios)) + k * width, ys, width, label=p)
+        cells = [spread(spreads[g][p]) for g in ratios]
+        ys = [c.mean for c in cells]
+        err = [[c.mean - c.lo for c in cells], [c.hi - c.mean for c in cells]]
+        ax.bar(np.arange(len(ratios)) + k * width, ys, width, yerr=err, capsize=2, label=p)
     ax.set_xticks(np.arange(len(ratios)) + 0.4 - width / 2, [f"{g:g}" for g in ratios])
     ax.set(xlabel="global / local capacity", ylabel="max prefill TPS within SLO (tokens/s)")
-    ax.set_title("Fig. 22a: global-tier provisioning")
+    ax.set_title("Fig. 22a: global-tier provisioning (mean, min–max over seeds)")
     ax.legend()
     written.append(_save(fig, out / "fig22a_pd_global_tier.png"))
 
@@ -191,7 +241,7 @@ def plots(rows: Sequence[dict[str, Any]], ttfts: dict[str, Any], out: Path) -> l
     labels, local, glob = [], [], []
     for g in ratios:
         for p in policies:
-            r = _best(rows, p, g)
+            r = _best(rows, p, g, first)
             labels.append(f"{p}\ng{g:g}")
             local.append(r["local_hit_ratio"])
             glob.append(r["global_hit_ratio"])
@@ -199,7 +249,7 @@ def plots(rows: Sequence[dict[str, Any]], ttfts: dict[str, Any], out: Path) -> l
     ax.bar(labels, glob, bottom=local, label="global tier")
     ax.tick_params(axis="x", labelsize=6)
     ax.set(ylabel="share of prompt tokens reused")
-    ax.set_title("Fig. 22b: reuse split (at each policy's best rate)")
+    ax.set_title(f"Fig. 22b: reuse split (at each policy's best rate, seed {first})")
     ax.legend()
     written.append(_save(fig, out / "fig22b_pd_reuse.png"))
 
@@ -208,7 +258,7 @@ def plots(rows: Sequence[dict[str, Any]], ttfts: dict[str, Any], out: Path) -> l
         xs = np.sort([s for s in samples if s >= 0])
         ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=p)
     ax.set(xscale="log", xlabel="TTFT (s)", ylabel="CDF")
-    ax.set_title("Fig. 23: TTFT, fully provisioned global tier")
+    ax.set_title(f"Fig. 23: TTFT, fully provisioned global tier (seed {first})")
     ax.legend()
     written.append(_save(fig, out / "fig23_pd_ttft_cdf.png"))
     return written
@@ -222,6 +272,7 @@ def _document(
     ).stdout.strip()
     given = " ".join(sys.argv[1:] if argv is None else argv)
     n = sorted({r["requests"] for r in doc["results"]})
+    base = args.base_s or max(args.durations)
     return "\n".join(
         [
             "# Figures 21–23: SMetric under PD disaggregation (simulator, prefill instances only)",
@@ -232,12 +283,14 @@ def _document(
             "",
             f"Setting: {args.instances} prefill instances (h20-qwen3-coder-30b-a3b), tier mode "
             f"`{args.tier_mode}`; traces `python -m smetric_router.traces generate --sessions "
-            f"{args.sessions} --seed {args.seed} --duration-s D` for D in "
+            f"{args.sessions} --seed S --duration-s D` for S in "
+            f"{', '.join(map(str, args.seeds))} and D in "
             f"{', '.join(f'{d:g}' for d in args.durations)} s, each replayed over its start "
-            f"window ({n[0]:,}–{n[-1]:,} requests); rate = the longest window / D. Global tier: "
-            f"{', '.join(f'{g:g}' for g in args.global_ratios)} x the cluster's GPU KV. One "
-            "trace seed (no spread). Prefill TPS counts prompt tokens whose KV is produced "
-            "(computed or reused) per second; the SLO is the TTFT part of the simulator's.",
+            f"window ({n[0]:,}–{n[-1]:,} requests); rate = {base:g} s / D (x the "
+            "trace's own rate). Global tier: "
+            f"{', '.join(f'{g:g}' for g in args.global_ratios)} x the cluster's GPU KV. Prefill "
+            "TPS counts prompt tokens whose KV is produced (computed or reused) per second; "
+            "the SLO is the TTFT part of the simulator's.",
             "",
             text,
             "",
@@ -263,7 +316,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")
     p.add_argument("--sessions", type=int, default=SESSIONS, help="root sessions per trace")
-    p.add_argument("--seed", type=int, default=1, help="trace seed")
+    p.add_argument(
+        "--seeds",
+        type=_ints,
+        default=list(SEEDS),
+        help="trace seeds, comma-separated: headline numbers are mean [min-max] over them",
+    )
+    p.add_argument("--seed", type=int, help="one trace seed (the same as --seeds N)")
     p.add_argument("--instances", type=int, default=32, help="prefill instances (paper: 32)")
     p.add_argument(
         "--durations",
@@ -292,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="simulator runs in parallel processes")
     p.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
     args = p.parse_args(argv)
+    if args.seed is not None:
+        args.seeds = [args.seed]
     if "smetric" not in args.policies:
         p.error("--policies must include smetric")
     args.out.mkdir(parents=True, exist_ok=True)

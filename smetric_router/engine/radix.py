@@ -52,14 +52,15 @@ class PageNode:
         last: int,
         on_gpu: bool,
         on_host: bool,
+        children: int = 0,
     ) -> None:
         self.hash = page_hash
         self.parent = parent
         self.tokens = tokens
         self.on_gpu = on_gpu
         self.on_host = on_host
-        self.children = 0  # children present in any tier
-        self.gpu_children = 0
+        self.children = children  # children present in any tier
+        self.gpu_children = children  # (a node is built with GPU children only inside a chain)
         self.lock = 0
         self.last = last
         self.alive = True
@@ -233,15 +234,19 @@ class RadixCache:
                 n_host = max(min(end - tail, host_cap - self.host_used), 0)
                 self.host_used += n_host
             host_end = tail + n_host  # as page by page: the first pages get the room there is
+            if parent is not None:
+                parent.children += 1
+                parent.gpu_children += 1
+            # a fresh chain: every page but the last has one child, on the GPU (this loop runs
+            # once per page a run computes or loads, the simulator's hottest)
             for i in range(tail, end):
                 h = hashes[i]
                 toks = list(tokens[i * ps : (i + 1) * ps]) if tokens else no_tokens
-                node = PageNode(h, parent, toks, stamp, True, i < host_end)
+                node = PageNode(h, parent, toks, stamp, True, i < host_end, 1)
                 nodes[h] = node
-                if parent is not None:
-                    parent.children += 1
-                    parent.gpu_children += 1
                 parent = node
+            if node is not None:  # the chain's leaf
+                node.children = node.gpu_children = 0
             added += end - tail
             if gpu_run:
                 gpu_run.extend(hashes[tail:end])
@@ -291,6 +296,7 @@ class RadixCache:
         """Evict up to n_pages unlocked GPU leaves, least recently used first."""
         removed: list[int] = []
         heap = self._gpu_heap
+        nodes = self.nodes
         nxt: PageNode | None = None
         while len(removed) < n_pages and (nxt is not None or heap):
             if nxt is not None:
@@ -303,7 +309,6 @@ class RadixCache:
                     self._push(heap, node)
                     continue
             node.on_gpu = False
-            self.gpu_used -= 1
             removed.append(node.hash)
             parent = node.parent
             if parent is not None:
@@ -314,12 +319,18 @@ class RadixCache:
                         nxt = parent
                     else:
                         self._push(heap, parent)
-            if not node.on_host:
-                self._remove(node)
+            if not node.on_host:  # as _remove, inlined: this loop runs once per evicted page
+                node.alive = False
+                del nodes[node.hash]
+                if parent is not None:
+                    parent.children -= 1
+                    if parent.children == 0 and parent.on_host and not parent.on_gpu:
+                        self._push(self._host_heap, parent)
             elif node.children == 0:
                 self._push(self._host_heap, node)
         if nxt is not None:
             self._push(heap, nxt)
+        self.gpu_used -= len(removed)
         events: list[KVCacheEvent] = []
         if removed:
             events.append(BlockRemoved(block_hashes=removed, medium=GPU))
@@ -352,15 +363,6 @@ class RadixCache:
                 parent.children -= 1
                 if parent.children == 0 and parent.on_host and not parent.on_gpu:
                     self._push(heap, parent)
-
-    def _remove(self, node: PageNode) -> None:
-        node.alive = False
-        del self.nodes[node.hash]
-        parent = node.parent
-        if parent is not None:
-            parent.children -= 1
-            if parent.children == 0 and parent.on_host and not parent.on_gpu:
-                self._push(self._host_heap, parent)
 
     def clear(self) -> list[KVCacheEvent]:
         for node in self.nodes.values():

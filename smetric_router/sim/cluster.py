@@ -41,6 +41,7 @@ from smetric_router.engine.api import EngineRequest, StepResult
 from smetric_router.engine.engine import Engine
 from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
+from smetric_router.sim.collect import with_rare_collections
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.pages import PageMapper
 from smetric_router.sim.tiers import HiCachePrefetch, TierPort, Tiers, engine_setup, prefetch_wake
@@ -288,6 +289,7 @@ class Cluster:
 
     # ---- arrivals -----------------------------------------------------------------------------
 
+    @with_rare_collections
     def run(
         self,
         trace: Sequence[TraceRequest],

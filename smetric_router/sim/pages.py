@@ -67,11 +67,16 @@ class PageMapper:
             if reused:
                 out = prev_pages[: reused * per_block]
                 chain = out[-per_block]  # page 0 of a block is its chain hash (offset 0)
-        for block in ids[reused:]:
-            if len(out) >= n_prompt:
-                break
-            chain = hash((chain, block))
-            out.extend([chain ^ o for o in offsets])
+        if per_block == 1:  # a block is a page (the generator's 16-token blocks)
+            for block in ids[reused : reused + n_prompt - len(out)]:
+                chain = hash((chain, block))
+                out.append(chain)
+        else:
+            for block in ids[reused:]:
+                if len(out) >= n_prompt:
+                    break
+                chain = hash((chain, block))
+                out.extend([chain ^ o for o in offsets])
         del out[n_prompt:]
         derived = len(out)
         # a prompt longer than its block ids cover gets request-private pages for the rest

@@ -43,6 +43,7 @@ from smetric_router.sim.cluster import (
     arrival_order,
     router_features,
 )
+from smetric_router.sim.collect import with_rare_collections
 from smetric_router.sim.config import SimConfig, Slo
 from smetric_router.sim.metrics import imbalance_mean, percentile, placement, tier_fields
 from smetric_router.sim.pages import PageMapper
@@ -214,6 +215,7 @@ class PdCluster:
 
     # ---- arrivals -----------------------------------------------------------------------------
 
+    @with_rare_collections
     def run(
         self,
         trace: Sequence[TraceRequest],
