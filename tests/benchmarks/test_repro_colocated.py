@@ -27,6 +27,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
         "slack": 1.0,
         "hit_ratio": 0.25,
         "lam": 0.7,
+        "hints": True,
     }
     assert set(changed) | {"prefetch"} == {f.name for f in dataclasses.fields(rc.Spec)}
     for name, value in changed.items():
@@ -36,6 +37,8 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
     hic = dataclasses.replace(base, tier_mode="hicache")
     assert dataclasses.replace(hic, prefetch="best_effort").key() != hic.key()
     assert rc.CODE_VERSION["model"] in base.key()
+    assert rc.sim_config(dataclasses.replace(base, hints=True)).session_hints
+    assert not rc.sim_config(base).session_hints
 
 
 def test_the_cache_key_names_the_study_window(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,6 +94,7 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
     monkeypatch.setattr(rc, "PROVISIONING", (0.0, math.inf))
     monkeypatch.setattr(rc, "NICS", (1,))
     monkeypatch.setattr(rc, "DEGRADED_GBPS", (5.0,))
+    monkeypatch.setattr(rc, "HINT_RATES", (2.0,))
     monkeypatch.setattr(rc, "_traces", {})
     monkeypatch.setattr(rc, "_chosen", [])
     assert rc.main(["all"]) == 0
