@@ -81,15 +81,15 @@ class RunResult:
     global_write_bytes: float = 0.0  # KV bytes written through to it
 
 
-class _Instance:
+class SimInstance:
+    """An engine on the virtual clock: what the colocated and the PD cluster's loops share."""
+
     __slots__ = (
         "busy",
         "clock",
         "engine",
         "idx",
         "parked",
-        "plan_k",
-        "plan_start",
         "port",
         "prefetch",
         "result",
@@ -107,9 +107,18 @@ class _Instance:
         self.clock = 0.0  # start of the step (or run) in flight, or of the next one
         self.busy = False  # an event is scheduled for it
         self.result: StepResult | None = None  # the single step in flight, delivered at its end
+        self.version = 0
+
+
+class _Instance(SimInstance):
+    __slots__ = ("plan_k", "plan_start")
+
+    def __init__(
+        self, idx: int, engine: Engine, port: TierPort | None, prefetch: HiCachePrefetch | None
+    ) -> None:
+        super().__init__(idx, engine, port, prefetch)
         self.plan_k = 0  # the pure-decode run in flight (steps), started at plan_start
         self.plan_start = 0.0
-        self.version = 0
 
 
 def _block_text(block_ids: Sequence[int]) -> str:

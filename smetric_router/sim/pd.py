@@ -39,6 +39,7 @@ from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
 from smetric_router.sim.cluster import (
     RequestRecord,
+    SimInstance,
     add_to_windows,
     arrival_order,
     router_features,
@@ -81,33 +82,13 @@ def trace_pages(trace: Sequence[TraceRequest], page_size: int) -> list[np.ndarra
     ]
 
 
-class _Prefill:
-    __slots__ = (
-        "busy",
-        "clock",
-        "engine",
-        "idx",
-        "load",
-        "load_since",
-        "parked",
-        "port",
-        "prefetch",
-        "result",
-        "version",
-    )
+class _Prefill(SimInstance):
+    __slots__ = ("load", "load_since")
 
     def __init__(
         self, idx: int, engine: Engine, port: TierPort | None, prefetch: HiCachePrefetch | None
     ) -> None:
-        self.idx = idx
-        self.engine = engine
-        self.port = port
-        self.prefetch = prefetch
-        self.parked = False  # idle but for requests waiting on their prefetch
-        self.version = 0
-        self.clock = 0.0  # start of the step in flight, or of the next one
-        self.busy = False  # a step end (or start) is scheduled
-        self.result: StepResult | None = None
+        super().__init__(idx, engine, port, prefetch)
         self.load = 0  # unprefilled tokens as the router counts them
         self.load_since = 0.0
 

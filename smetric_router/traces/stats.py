@@ -109,7 +109,7 @@ def compute_stats(
         if k >= k0:  # before k0 (lead-in) a request only fills the store
             tok = np.full(hit, r.block_size, dtype=np.int64)
             if hit and hit == n:
-                tok[-1] = r.input_len - (n - 1) * r.block_size
+                tok[-1] = _last_block_tokens(r)
             sys_mask = ~own & template[ids]
             acc[0] += tok[own].sum()
             acc[1] += tok[sys_mask].sum()
@@ -173,10 +173,13 @@ def _shared_share(
     tok = np.full(len(dense), reqs[0].block_size, dtype=np.int64)
     ends = np.cumsum(lens) - 1
     has = lens > 0
-    tok[ends[has]] = [
-        r.input_len - (len(r.block_ids) - 1) * r.block_size for r in reqs if r.block_ids
-    ]
+    tok[ends[has]] = [_last_block_tokens(r) for r in reqs if r.block_ids]
     return int(tok[holders[dense] >= k].sum())
+
+
+def _last_block_tokens(r: TraceRequest) -> int:
+    """Tokens in a request's last (possibly partial) block."""
+    return r.input_len - (len(r.block_ids) - 1) * r.block_size
 
 
 def _trigger_mix(reqs: Sequence[TraceRequest]) -> dict[str, float]:
