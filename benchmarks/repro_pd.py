@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,27 +113,34 @@ def _latency_duration(args: argparse.Namespace) -> float:
 
 
 def sweep(args: argparse.Namespace, work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every run, one trace seed at a time: a seed's four traces with their pages take ~2.5 GB
+    and forked workers copy what they touch, so holding every seed's at once ran out of memory
+    on a 24 GB machine."""
     cfg = _config(args)
+    rows: list[dict[str, Any]] = []
+    ttfts: dict[str, Any] = {}
     for seed in args.seeds:
+        _TRACES.clear()
         for duration in args.durations:
             path = work / f"agentic-{args.sessions}-{seed}-{duration:g}s.jsonl"
             generate(GenConfig(sessions=args.sessions, seed=seed, duration_s=duration), path)
             trace = window_trace(path, duration)
             _TRACES[seed, duration] = (trace, trace_pages(trace, cfg.page_size))
-    tasks = [
-        (args, s, d, g, p)
-        for s in args.seeds
-        for d in sorted(args.durations, reverse=True)
-        for g in args.global_ratios
-        for p in args.policies
-    ]
-    if args.jobs > 1:  # forked workers inherit the traces
-        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            done = pool.map(_one, tasks, chunksize=1)
-    else:
-        done = [_one(t) for t in tasks]
-    rows = [row for row, _ in done]
-    ttfts = {t[4]: s for t, (_, s) in zip(tasks, done, strict=True) if s is not None}
+        tasks = [
+            (args, seed, d, g, p)
+            for d in sorted(args.durations, reverse=True)
+            for g in args.global_ratios
+            for p in args.policies
+        ]
+        if args.jobs > 1:  # forked workers inherit the traces; a worker that dies fails the run
+            ctx = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(args.jobs, mp_context=ctx) as pool:
+                done = list(pool.map(_one, tasks))
+        else:
+            done = [_one(t) for t in tasks]
+        rows += [row for row, _ in done]
+        ttfts.update({t[4]: s for t, (_, s) in zip(tasks, done, strict=True) if s is not None})
+    _TRACES.clear()
     return rows, ttfts
 
 
