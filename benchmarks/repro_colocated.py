@@ -34,7 +34,7 @@ import multiprocessing
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from smetric_router.policies.base import PolicyParams
 from smetric_router.sim.cluster import Cluster, RunResult, arrival_order
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.metrics import last_arrival_window, summarize, window_imbalance
+from smetric_router.sim.report import Spread, spread
 from smetric_router.traces.loaders import load_trace
 from smetric_router.traces.schema import TraceRequest
 
@@ -278,43 +279,6 @@ def runs(specs: Sequence[Spec]) -> list[dict[str, Any]]:
 
 
 # --- statistics over seeds and windows -------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Spread:
-    """Mean and range of one number over trace seeds."""
-
-    values: tuple[float, ...]
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.values))
-
-    @property
-    def lo(self) -> float:
-        return float(min(self.values))
-
-    @property
-    def hi(self) -> float:
-        return float(max(self.values))
-
-    def fmt(self, spec: str = ".3f", scale: float = 1.0, unit: str = "") -> str:
-        if any(math.isnan(v) for v in self.values):
-            return "—"  # undefined on some seed (e.g. no follow-up of a session begun in it)
-        m = format(self.mean * scale, spec)
-        if len(self.values) < 2:
-            return m + unit
-        return f"{m}{unit} [{format(self.lo * scale, spec)}–{format(self.hi * scale, spec)}]"
-
-    def pct(self) -> str:
-        return self.fmt(".1f", 100, " %")
-
-
-def spread(values: Iterable[float | None]) -> Spread:
-    vals = tuple(math.nan if v is None else float(v) for v in values)  # JSON null = NaN
-    if not vals:
-        raise ValueError("no values")
-    return Spread(vals)
 
 
 def row_imbalance(row: dict[str, Any], group: int = 1) -> list[float]:

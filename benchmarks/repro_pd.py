@@ -43,13 +43,10 @@ import orjson
 from smetric_router.policies.base import make_policy
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.pd import PdCluster, pd_params, summarize_pd, trace_pages
-from smetric_router.sim.report import document
+from smetric_router.sim.report import document, spread
 from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.loaders import load_trace
 from smetric_router.traces.schema import TraceRequest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from repro_colocated import spread  # a script beside this one
 
 POLICIES = ("smetric", "bailian", "lmetric", "load_balance")
 # 32 prefill instances (the paper's). The generator's default window for 200 sessions is ~416 s

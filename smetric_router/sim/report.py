@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def max_tps_within_slo(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -15,6 +18,43 @@ def max_tps_within_slo(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     for r in rows:
         best[r["policy"]] = max(best.get(r["policy"], 0.0), r["tps_within_slo"])
     return best
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """Mean and range of one number over trace seeds."""
+
+    values: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.values))
+
+    @property
+    def lo(self) -> float:
+        return float(min(self.values))
+
+    @property
+    def hi(self) -> float:
+        return float(max(self.values))
+
+    def fmt(self, spec: str = ".3f", scale: float = 1.0, unit: str = "") -> str:
+        if any(math.isnan(v) for v in self.values):
+            return "—"  # undefined on some seed (e.g. no follow-up of a session begun in it)
+        m = format(self.mean * scale, spec)
+        if len(self.values) < 2:
+            return m + unit
+        return f"{m}{unit} [{format(self.lo * scale, spec)}–{format(self.hi * scale, spec)}]"
+
+    def pct(self) -> str:
+        return self.fmt(".1f", 100, " %")
+
+
+def spread(values: Iterable[float | None]) -> Spread:
+    vals = tuple(math.nan if v is None else float(v) for v in values)  # JSON null = NaN
+    if not vals:
+        raise ValueError("no values")
+    return Spread(vals)
 
 
 def _json_value(v: Any) -> Any:
