@@ -21,8 +21,9 @@ this project launches; the tiny model and Qwen3-Coder's Jinja template):
   tool_choice none/auto/any/tool maps to none/auto/required/the named function;
 - output_config.effort becomes reasoning_effort (xhigh as max).
 
-Not reproduced: `thinking: {"type": "enabled"}` (SGLang refuses it without a reasoning parser and
-switches the template with one: the router renders without it), multimodal processing.
+Not reproduced: a reasoning `thinking` (`enabled`, `adaptive`: SGLang refuses it without a
+reasoning parser and switches the template with one; the router forwards the body without it to
+workers that have none, features/anthropic_thinking.py), multimodal processing.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from smetric_router.cluster.inflight import InflightPrefixes
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.l3_view import EventsL3, L3State, MasterL3
 from smetric_router.core.types import NoWorkerAvailable
+from smetric_router.features import anthropic_thinking
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
@@ -383,6 +384,8 @@ async def _generate(
             label = endpoint.value
             state.metrics.routed(label, api_responses.HOLDER_REASON)
             return await state.proxy.dispatch(request, label, raw, routed, started, label, stream)
+    if endpoint is Endpoint.MESSAGES and _drop_thinking(state, body, model):
+        raw = orjson.dumps(body)
     try:
         # A Messages or Responses request is routed as the chat request SGLang turns it into;
         # sent as it came.
@@ -415,12 +418,31 @@ async def _generate(
     return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, label, stream)
 
 
+def _drop_thinking(state: RouterState, body: dict[str, Any], model: str | None) -> bool:
+    """For workers without a reasoning parser, take out of a Messages body what they would
+    refuse (features/anthropic_thinking.py), unless --anthropic-thinking reject. Returns whether
+    the body changed."""
+    if state.config.anthropic_thinking != "drop" or state.registry.can_reason(model):
+        return False
+    dropped = anthropic_thinking.drop_thinking(body)
+    if dropped:
+        state.metrics.dropped(dropped)
+        log.debug("dropped %s from a Messages request: no reasoning parser", ", ".join(dropped))
+    return bool(dropped)
+
+
 async def handle_count_tokens(request: web.Request) -> web.Response:
     """Anthropic's count_tokens, answered here (router/api_messages.py says why)."""
     state = request.app[STATE]
     try:
         _, body = await read_json_object(request, state.config.max_body_bytes)
-        _check_model(body, state.registry)
+        model = _check_model(body, state.registry)
+        if (
+            state.config.anthropic_thinking == "reject"
+            and anthropic_thinking.enables_reasoning(body)
+            and not state.registry.can_reason(model)
+        ):  # the workers' own answer
+            raise bad_request(anthropic_thinking.REFUSAL)
         chat = state.router.features.messages_chat(body)
         return api_messages.count_tokens_reply(await state.router.prompt_length(chat))
     except FeatureError as e:

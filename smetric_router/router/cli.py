@@ -24,7 +24,7 @@ from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.policies import PolicyParams, policy_names
 from smetric_router.router.api_responses import RESPONSE_ID_KEY_ENV
 from smetric_router.router.auth import describe
-from smetric_router.router.config import CACHE_VIEWS, L3_VIEWS, RouterConfig
+from smetric_router.router.config import ANTHROPIC_THINKING, CACHE_VIEWS, L3_VIEWS, RouterConfig
 from smetric_router.router.limits import raise_open_files_limit
 
 if TYPE_CHECKING:
@@ -418,6 +418,17 @@ def build_parser() -> argparse.ArgumentParser:
         "hash of the id) if that one is not overloaded, decision reason session-hint-fallback; "
         "ties among equally good workers go to it too. Turn inference never needs a hint",
     )
+    agents.add_argument(
+        "--anthropic-thinking",
+        choices=ANTHROPIC_THINKING,
+        default=_D.anthropic_thinking,
+        help="what to do with an Anthropic Messages `thinking` (Claude Code sends one on every "
+        "request) when no worker of the model reports a reasoning parser in /server_info: SGLang "
+        "refuses it there with a 400. drop (default): forward the request without it and "
+        "without context_management's clear_thinking edits, which is how such a worker serves "
+        "a request that has none (counted in smetric_anthropic_dropped_total{field}); reject: "
+        "forward it as it came, for the workers' own 400",
+    )
     return p
 
 
@@ -570,6 +581,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
             forward_authorization=a.forward_authorization,
             context_length=a.context_length,
             session_hints=not a.no_session_hints,
+            anthropic_thinking=a.anthropic_thinking,
             response_id_key=_key(getattr(a, "response_id_key", None), RESPONSE_ID_KEY_ENV),
         )
     except ValueError as e:

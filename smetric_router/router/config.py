@@ -12,6 +12,9 @@ CACHE_VIEWS = ("events", "probe")
 # Where the global tier's (Mooncake, HiCache L3) hits come from: nowhere, the master's own HTTP
 # API (cluster/l3_view.py), or L3 KV events from workers running the fork's patch (patches/).
 L3_VIEWS = ("off", "master", "events")
+# What to do with an Anthropic `thinking` for workers without a reasoning parser, which refuse it:
+# drop it (served as without it), or pass it on for the workers' own 400.
+ANTHROPIC_THINKING = ("drop", "reject")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,8 @@ class RouterConfig:
     # session_id, x-session-affinity, prompt_cache_key...) as a hint the policy may use
     # (features/session_hint.py, policies/session_home.py).
     session_hints: bool = True
+    # Anthropic `thinking` for workers without a reasoning parser (ANTHROPIC_THINKING above).
+    anthropic_thinking: str = "drop"
     # OpenAI Responses (router/api_responses.py): the key that signs the response ids the
     # router hands out (they name their holder); None: a random one per router, ids die with it.
     response_id_key: str | None = field(default=None, repr=False)
@@ -119,6 +124,11 @@ class RouterConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.cache_view not in CACHE_VIEWS:
             raise ValueError(f"cache_view must be one of {CACHE_VIEWS}, got {self.cache_view!r}")
+        if self.anthropic_thinking not in ANTHROPIC_THINKING:
+            raise ValueError(
+                f"anthropic_thinking must be one of {ANTHROPIC_THINKING}, "
+                f"got {self.anthropic_thinking!r}"
+            )
         if self.l3_view not in L3_VIEWS:
             raise ValueError(f"l3_view must be one of {L3_VIEWS}, got {self.l3_view!r}")
         if self.l3_view == "master" and not self.mooncake_master_url:

@@ -246,6 +246,14 @@ class RouterMetrics:
             "events show, from requests in flight to it (--no-inflight-prefixes turns this off)",
             registry=r,
         )
+        self.anthropic_dropped = Counter(
+            "smetric_anthropic_dropped",
+            "Anthropic Messages fields the router removed before forwarding because no worker "
+            "of the model has a reasoning parser (--anthropic-thinking drop): thinking, and "
+            "context_management.edits (clear_thinking edits, one per edit)",
+            ["field"],
+            registry=r,
+        )
         # children by (metric, label values), kept for the request path (see _child)
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
         r.register(_WorkerCollector(sample_workers))
@@ -285,6 +293,10 @@ class RouterMetrics:
         """Once per generation request, when its response is done."""
         self._child(self.requests, endpoint, str(status)).inc()
         self._child(self.duration, endpoint).observe(seconds)
+
+    def dropped(self, fields: Iterable[str]) -> None:
+        for f in fields:
+            self._child(self.anthropic_dropped, f).inc()
 
     def first_byte(self, endpoint: str, seconds: float) -> None:
         self._child(self.ttft, endpoint).observe(seconds)

@@ -111,6 +111,9 @@ class Worker:
     # Whether the worker loads from the global tier: False only when its /server_info says it
     # has no HiCache storage backend (a server that does not say is taken to have one).
     l3: bool = True
+    # SGLang's --reasoning-parser, from /server_info: without one a worker refuses Anthropic
+    # `thinking` (features/anthropic_thinking.py).
+    reasoning_parser: str | None = None
 
     @property
     def hashes(self) -> bool:
@@ -238,6 +241,13 @@ class WorkerRegistry:
     def models(self) -> frozenset[str]:
         return frozenset().union(*(w.models for w in self.workers.values()))
 
+    def can_reason(self, model: str | None) -> bool:
+        """Whether some healthy worker of the model (None: any) has a reasoning parser."""
+        return any(
+            w.reasoning_parser is not None and (model is None or model in w.models)
+            for w in self.healthy()
+        )
+
     def describe(self) -> list[dict[str, Any]]:
         now = time.monotonic()
         return [w.describe(now, self.max_load_age) for w in self.workers.values()]
@@ -352,6 +362,8 @@ class WorkerRegistry:
         w.models = models_of(models, model_info)
         w.context_length = context_length_of(models)
         w.l3 = not isinstance(info, dict) or bool(info.get("hicache_storage_backend", True))
+        parser = info.get("reasoning_parser") if isinstance(info, dict) else None
+        w.reasoning_parser = parser if isinstance(parser, str) and parser else None
         w.probed = True
         w.healthy = True
 

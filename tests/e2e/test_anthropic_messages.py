@@ -13,9 +13,12 @@ import aiohttp
 import anthropic
 import pytest
 
+from smetric_router.features import anthropic_thinking
+from smetric_router.features.anthropic_thinking import CONTEXT_EDIT
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP, StackFactory
 from tests.e2e.raw import stream_cut_by_its_worker
+from tests.prom import sample_sum
 
 SYSTEM = "You are a coding agent working in a Python repository. " * 8
 TOOLS: list[Any] = [
@@ -194,3 +197,64 @@ async def test_worker_lost_mid_stream_ends_with_an_anthropic_error_event(
     assert data["type"] == "error" and data["error"]["type"] == "api_error", data
     assert "lost mid-stream" in data["error"]["message"]
     assert all("[DONE]" not in f for f in frames)
+
+
+# A request as Claude Code 2.1.332 sends it (its fields, not its prompt)
+CLAUDE_CODE_HEADERS = {
+    "anthropic-version": "2023-06-01",
+    "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,"
+    "context-management-2025-06-27,effort-2025-11-24",
+    "x-claude-code-session-id": "15dfb15b-8af1-4f0d-9179-792667e49d3e",
+}
+
+
+def _claude_code_body(stream: bool) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "max_tokens": 8,
+        "stream": stream,
+        "system": [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Fix calc.py"}]}],
+        "tools": [*TOOLS, {**TOOLS[0], "name": "later", "defer_loading": True}],
+        "metadata": {"user_id": '{"session_id": "15dfb15b-8af1-4f0d-9179-792667e49d3e"}'},
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+    }
+
+
+@pytest.mark.parametrize("mode", ["drop", "reject"])
+async def test_thinking_for_workers_without_a_reasoning_parser(mode: str) -> None:
+    """Served without `thinking` by default; SGLang's own 400 with --anthropic-thinking reject;
+    never a 5xx. count_tokens answers as the workers would."""
+    stack = _stack_with("--anthropic-thinking", mode)
+    stack.start()
+    try:
+        url = stack.url + "/v1/messages"
+        async with aiohttp.ClientSession() as http:
+            for stream in (False, True):
+                body = _claude_code_body(stream)
+                async with http.post(url, json=body, headers=CLAUDE_CODE_HEADERS) as r:
+                    data = await r.read()
+                    if mode == "reject":
+                        assert r.status == 400, data
+                        message = _anthropic_error(400, data, "invalid_request_error")
+                        assert message == anthropic_thinking.REFUSAL
+                        continue
+                    assert r.status == 200, data
+                    assert r.headers["x-smetric-reason"] == "first-turn-balance"
+                    if stream:
+                        assert data.rstrip().endswith(b'data: {"type":"message_stop"}'), data
+                    else:
+                        assert json.loads(data)["type"] == "message"
+            count = {k: v for k, v in _claude_code_body(False).items() if k != "max_tokens"}
+            async with http.post(url + "/count_tokens", json=count) as r:
+                assert r.status == (400 if mode == "reject" else 200), await r.text()
+            async with http.get(stack.url + "/metrics") as r:
+                metrics = await r.text()
+        dropped = 0 if mode == "reject" else 2
+        assert sample_sum(metrics, "smetric_anthropic_dropped_total", field="thinking") == dropped
+        edits = sample_sum(metrics, "smetric_anthropic_dropped_total", field=CONTEXT_EDIT)
+        assert edits == dropped
+    finally:
+        stack.stop()

@@ -3,7 +3,8 @@
 Runs tests/features/sglang_scripts/golden_messages.py in the CPU SGLang environment: hypothesis
 generates Messages bodies (system strings and blocks, inline system messages, tool_use /
 tool_result chains, thinking and redacted_thinking, images, search results, tool references,
-custom and server tools, every tool_choice) and checks that the chat body the router converts
+custom and server tools, every tool_choice, Claude Code's thinking / context_management /
+metadata / betas) and checks that the chat body the router converts
 each to renders and tokenizes to the ids SGLang's own AnthropicServing conversion and
 OpenAIServingChat give (and the same page hashes, turn = assistant messages), and that the router
 refuses what SGLang refuses. Templates with and without inline system messages are covered.
@@ -38,3 +39,7 @@ def test_router_messages_ids_equal_sglang(config: str, inline_system: bool) -> N
     # most bodies are accepted, and both refusals the router must reproduce occur
     assert out["requests"] - out["refused"] >= EXAMPLES, out
     assert any("redacted_thinking" in r for r in out["refusals"]), out
+    # Claude Code's reasoning `thinking`: SGLang refuses every body that carries one, the router
+    # forwards it without (and the ids above are SGLang's for the forwarded body)
+    assert out["thinking_dropped"] > EXAMPLES // 10, out
+    assert out["thinking_refused"] == out["thinking_dropped"], out

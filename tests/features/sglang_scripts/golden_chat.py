@@ -356,6 +356,7 @@ def main() -> None:
         "text_prompts": golden.raw,
         "seconds": round(time.perf_counter() - start, 1),
         "failure": failure,
+        **getattr(golden, "extra", {}),
     }
     print("RESULT " + json.dumps(out))
     sys.stdout.flush()
@@ -395,6 +396,7 @@ def run_converted_golden(make: Any, bodies_of: Any) -> None:
         "refusals": dict(golden.reasons.most_common(6)),
         "seconds": round(time.perf_counter() - start, 1),
         "failure": failure,
+        **getattr(golden, "extra", {}),
     }
     print("RESULT " + json.dumps(out))
     sys.stdout.flush()

@@ -3,11 +3,16 @@
 Runs in the CPU SGLang environment. Each generated Messages body (system as a string or blocks,
 inline system messages, text / image / search_result / thinking / redacted_thinking blocks,
 tool_use and tool_result chains with string, block, image and tool_reference results, custom and
-server tools, every tool_choice, output_config.effort) goes through SGLang's own
+server tools with and without defer_loading, every tool_choice, output_config.effort, and the
+fields Claude Code adds: thinking, context_management, metadata, betas, cache_control) goes
+through SGLang's own
 AnthropicMessagesRequest and AnthropicServing._convert_to_chat_completion_request on a stand-in
 OpenAIServingChat (golden_chat.Sglang: no reasoning or tool-call parser) and its
 _process_messages; the router's FeatureExtractor.messages_chat + from_chat must give the same
-ids and page hashes, turn = the assistant messages, or refuse what SGLang refuses.
+ids and page hashes, turn = the assistant messages, or refuse what SGLang refuses. The body
+compared is the one the router forwards by default (--anthropic-thinking drop: a reasoning
+`thinking` and clear_thinking edits removed); SGLang must refuse the body as it came whenever
+that removed a reasoning `thinking` (what --anthropic-thinking reject passes on).
 
     python golden_messages.py CONFIG [--examples N] [--seed S]
 
@@ -32,6 +37,7 @@ from sglang.srt.entrypoints.anthropic.protocol import AnthropicMessagesRequest
 from sglang.srt.entrypoints.anthropic.serving import AnthropicServing
 from sglang.srt.parser.template_detection import detect_inline_system_support
 
+from smetric_router.features import anthropic_thinking
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.features.hashing import page_hashes
@@ -135,6 +141,8 @@ def tool(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 3)) == 0:
         out["type"] = "custom"
     if draw(st.integers(0, 4)) == 0:
+        out["defer_loading"] = draw(st.booleans())
+    if draw(st.integers(0, 4)) == 0:
         out["strict"] = draw(st.booleans())
     return out
 
@@ -160,7 +168,45 @@ def messages_body(draw: st.DrawFn) -> dict[str, Any]:
         body["output_config"] = {"effort": draw(st.sampled_from(["low", "high", "xhigh"]))}
     if draw(st.integers(0, 4)) == 0:
         body["stream"] = True
+    claude_code(draw, body)
     return body
+
+
+def claude_code(draw: st.DrawFn, body: dict[str, Any]) -> None:
+    """The fields Claude Code sends on top (read off Claude Code 2.1.332's requests)."""
+    thinking = draw(
+        st.sampled_from(
+            [
+                None,
+                {"type": "adaptive"},
+                {"type": "adaptive", "display": "omitted"},
+                {"type": "enabled", "budget_tokens": 2048},
+                {"type": "disabled"},
+            ]
+        )
+    )
+    if thinking is not None:
+        body["thinking"] = thinking
+    edits = draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    {"type": "clear_thinking_20251015", "keep": "all"},
+                    {"type": "clear_tool_uses_20250919"},
+                ]
+            ),
+            max_size=2,
+        )
+    )
+    if edits or draw(st.booleans()):
+        body["context_management"] = {"edits": edits}
+    if draw(st.booleans()):
+        body["metadata"] = {"user_id": json.dumps({"session_id": draw(name)})}
+    if draw(st.integers(0, 3)) == 0:
+        body["betas"] = ["interleaved-thinking-2025-05-14", "context-management-2025-06-27"]
+    system = body.get("system")
+    if isinstance(system, list) and system and draw(st.booleans()):
+        system[-1] = {**system[-1], "cache_control": {"type": "ephemeral"}}
 
 
 def earlier(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -182,8 +228,28 @@ class GoldenMessages:
         serving._template_reads_reasoning_content = False
         self.anthropic = AnthropicServing(serving)
         self.examples = self.requests = self.refused = 0
+        self.thinking_dropped = self.thinking_refused = 0
         self.reasons: Counter[str] = Counter()
         self.inline = serving.supports_inline_system
+
+    @property
+    def extra(self) -> dict[str, int]:
+        return {"thinking_dropped": self.thinking_dropped, "thinking_refused": self.thinking_refused}
+
+    def check_refused_thinking(self, sent: dict[str, Any], forwarded: dict[str, Any]) -> None:
+        """Where SGLang serves the forwarded body, it refuses the body as sent (its thinking)."""
+        try:
+            self.sglang_ids(forwarded)
+        except ValueError:
+            return  # refused for another reason as well
+        self.thinking_dropped += 1
+        try:
+            self.sglang_ids(sent)
+        except ValueError as e:
+            assert anthropic_thinking.REFUSAL in str(e), e
+            self.thinking_refused += 1
+            return
+        raise AssertionError(f"SGLang served a reasoning thinking without a parser: {sent}")
 
     def sglang_ids(self, body: dict[str, Any]) -> list[int]:
         """ValueError when SGLang refuses the body (its 400s)."""
@@ -195,9 +261,12 @@ class GoldenMessages:
         result = self.golden.sglang.serving._process_messages(chat, is_multimodal=False)
         return list(result.prompt_ids)
 
-    def check(self, body: dict[str, Any]) -> None:
+    def check(self, sent: dict[str, Any]) -> None:
         self.examples += 1
         warm = self.golden.warm
+        body = json.loads(json.dumps(sent))
+        if anthropic_thinking.THINKING in anthropic_thinking.drop_thinking(body):
+            self.check_refused_thinking(sent, body)
         for request in earlier(body):
             self.requests += 1
             try:
