@@ -234,7 +234,10 @@ class GoldenMessages:
 
     @property
     def extra(self) -> dict[str, int]:
-        return {"thinking_dropped": self.thinking_dropped, "thinking_refused": self.thinking_refused}
+        return {
+            "thinking_dropped": self.thinking_dropped,
+            "thinking_refused": self.thinking_refused,
+        }
 
     def check_refused_thinking(self, sent: dict[str, Any], forwarded: dict[str, Any]) -> None:
         """Where SGLang serves the forwarded body, it refuses the body as sent (its thinking)."""
