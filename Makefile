@@ -4,13 +4,15 @@
 # and one for real SGLang workers on CPU:
 #   make sglang  .venv-sglang: CPU torch 2.13.0, sglang 0.5.23 without CUDA deps, Mooncake, the
 #                peers smg/sglang-router, the project's patches applied (idempotent)
+# and one for the real coding agents the tests drive (make test runs it):
+#   make agents  agents/node_modules: Claude Code, Codex and OpenCode, pinned (npm)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SGL_VENV ?= .venv-sglang
 SGL_PY := $(SGL_VENV)/bin/python
 ARGS ?=
 
-.PHONY: run test setup sglang
+.PHONY: run test setup sglang agents
 setup: $(VENV)/.installed
 
 # libibverbs1: what Mooncake's native client and mooncake_master (the `mooncake` extra) link against.
@@ -39,8 +41,16 @@ $(SGL_VENV)/.installed: sglang_env/requirements.txt sglang_env/constraints.txt p
 	$(SGL_PY) -m pip install -q --no-deps -e .
 	touch $@
 
-test: setup sglang
+# The real coding-agent CLIs the tests run through the router (Claude Code, Codex, OpenCode),
+# pinned in agents/package.json and its lock, from the npm registry (Node and npm on the machine).
+agents: agents/node_modules/.installed
+
+agents/node_modules/.installed: agents/package.json agents/package-lock.json
+	cd agents && npm install --no-audit --no-fund --no-save
+	touch $@
+
+test: setup sglang agents
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	SMETRIC_REQUIRE_SGLANG=1 SMETRIC_REQUIRE_SHARED=1 $(PY) -m pytest
+	SMETRIC_REQUIRE_SGLANG=1 SMETRIC_REQUIRE_SHARED=1 SMETRIC_REQUIRE_AGENTS=1 $(PY) -m pytest

@@ -36,6 +36,11 @@ class WorkerSpec:
     page_size: int = 16
     profile: str = "h20-qwen3-coder-30b-a3b"  # emulated: timing profile
     speedup: float = 1.0  # emulated: timing model speed-up
+    # emulated: the chat template workers and router render with. qwen3-coder: the project's
+    # Qwen3-Coder-style template (tools in the system turn, tool calls as <tool_call> blocks, as
+    # the model the workers stand in for renders them); tokenizer: the bundled tokenizer's own
+    # ChatML template (no tools); or a .jinja path.
+    chat_template: str = "qwen3-coder"
     extra_args: tuple[str, ...] = ()
 
 

@@ -32,12 +32,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from smetric_router.core.port_file import read_port_file
-from smetric_router.launch.kinds import plan_workers
+from smetric_router.launch.kinds import plan_workers, router_args_for_workers
 from smetric_router.launch.kinds.base import LOCAL_HOSTS, WorkerLaunch
 from smetric_router.launch.kinds.sglang import (
     check_local_python,
     mooncake_master_argv,
-    tokenizer_path,
 )
 from smetric_router.launch.ports import port_in_use
 from smetric_router.launch.spec import ClusterSpec
@@ -78,9 +77,7 @@ def router_args(spec: ClusterSpec, workers: list[WorkerLaunch]) -> list[str]:
     r, pd = spec.router, spec.pd
     args = ["smetric_router", "--host", r.host, "--port", str(r.port),  # 0: see Stack.start
             "--overload", str(r.overload), "--hit-ratio", str(r.hit_ratio)]  # fmt: skip
-    if spec.workers.kind == "sglang":
-        # the router must tokenize as the workers do
-        args += ["--tokenizer-path", tokenizer_path(spec.sglang)]
+    args += router_args_for_workers(spec)  # it must render and tokenize as the workers do
     m = spec.mooncake
     if m is not None and r.l3_view != "off":
         args += ["--l3-view", r.l3_view]

@@ -14,6 +14,7 @@ from smetric_router.launch import (
     resolve_spec,
     router_args,
 )
+from smetric_router.launch.tiny_model import TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,3 +108,24 @@ def test_workers_flag_does_not_apply_to_a_pd_spec() -> None:
     )
     with pytest.raises(ValueError, match="does not apply to a PD spec"):
         resolve_spec(args)
+
+
+@pytest.mark.parametrize("template", ["qwen3-coder", "tokenizer", "custom"])
+def test_emulated_workers_and_router_render_with_one_template(
+    tmp_path: Path, template: str
+) -> None:
+    custom = tmp_path / "t.jinja"
+    custom.write_text("{{ messages }}")
+    name = str(custom) if template == "custom" else template
+    spec = ClusterSpec(workers=WorkerSpec(count=2, chat_template=name))
+    workers = plan_workers(spec)
+    every = [list(w.argv) for w in workers] + [router_args(spec, workers)]
+    for argv in every:
+        given = argv[argv.index("--chat-template") + 1] if "--chat-template" in argv else None
+        want = {"qwen3-coder": str(TEMPLATE), "tokenizer": None, "custom": str(custom)}
+        assert given == want[template], argv
+
+
+def test_a_missing_chat_template_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"workers\.chat_template"):
+        plan_workers(ClusterSpec(workers=WorkerSpec(chat_template="nope.jinja")))

@@ -9,10 +9,25 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from itertools import count, repeat
+from pathlib import Path
 
 from smetric_router.launch.kinds.base import WorkerLaunch
 from smetric_router.launch.kinds.sglang import mooncake_env
 from smetric_router.launch.spec import ClusterSpec
+from smetric_router.launch.tiny_model import TEMPLATE
+
+
+def chat_template_args(spec: ClusterSpec) -> tuple[str, ...]:
+    """`--chat-template PATH` for the workers and the router alike (none: the tokenizer's)."""
+    name = spec.workers.chat_template
+    if name == "tokenizer":
+        return ()
+    path = TEMPLATE if name == "qwen3-coder" else Path(name)
+    if not path.is_file():
+        raise ValueError(
+            f"workers.chat_template: {name!r} is neither qwen3-coder, tokenizer nor a file"
+        )
+    return ("--chat-template", str(path))
 
 
 def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
@@ -27,7 +42,8 @@ def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
 
     python = (sys.executable, "-m", "smetric_router.emulator")
     common = ("--host", "127.0.0.1", "--model-name", w.model_name, "--page-size",
-              str(w.page_size), "--profile", w.profile, "--speedup", str(w.speedup))  # fmt: skip
+              str(w.page_size), "--profile", w.profile, "--speedup", str(w.speedup),
+              *chat_template_args(spec))  # fmt: skip
 
     def kv_events() -> tuple[str, ...]:
         return ("--kv-events-port", str(port()), "--kv-events-replay-port", str(port()))

@@ -163,6 +163,10 @@ def tokenizer_path(s: SglangSpec) -> str:
     return s.tokenizer_path or model_path(s)
 
 
+def router_tokenizer_args(spec: ClusterSpec) -> tuple[str, ...]:
+    return ("--tokenizer-path", tokenizer_path(spec.sglang))
+
+
 def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
     w, s, pd = spec.workers, spec.sglang, spec.pd
     roles = ["null"] * w.count if pd is None else ["prefill"] * pd.prefill + ["decode"] * pd.decode

@@ -1,0 +1,96 @@
+"""The real coding agents, pinned (agents/package.json), run whole sessions through the embedded
+default stack (emulated workers + the SMetric router, as `make run` starts it): a bug-fix task
+in a scratch repository, non-interactively and under a time limit. Each run must end without an
+API error after several requests, with follow-ups `sticky` on the worker holding their history
+(its cached tokens in the replies), and the router's per-endpoint metrics must say the same.
+A recording proxy in front of the router reads the decision headers the agents do not show."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from smetric_router.launch import ClusterSpec, RouterSpec, Stack
+from tests.agents import clis
+from tests.agents.recorder import Recorder
+from tests.agents.sessions import assert_served, assert_sticky_with_history
+from tests.prom import sample_sum
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    # the embedded default (launch/emulated.yaml), on a free port
+    s = Stack(ClusterSpec(router=RouterSpec(port=0)))
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+async def recorder(stack: Stack) -> AsyncIterator[Recorder]:
+    r = Recorder(stack.url)
+    await r.start()
+    yield r
+    await r.stop()
+
+
+def _metrics(stack: Stack) -> str:
+    with urllib.request.urlopen(stack.url + "/metrics") as r:
+        return str(r.read().decode())
+
+
+async def test_claude_code_fixes_a_bug_through_the_router(
+    stack: Stack, recorder: Recorder, tmp_path: Path
+) -> None:
+    claude = clis.cli("claude")
+    repo = clis.scratch_repo(tmp_path)
+    model = stack.spec.workers.model_name
+    env = clis.claude_env(tmp_path / "home", recorder.url, model)
+    before = _metrics(stack)
+    done = await asyncio.to_thread(
+        clis.run, [str(claude), "-p", clis.TASK, "--output-format", "json"], env, repo
+    )
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    result = json.loads(done.stdout)
+    assert result["is_error"] is False and "api_error_status" not in result, result
+    assert result["num_turns"] >= 2, result
+    posts = assert_served(recorder, "/v1/messages")
+    assert_sticky_with_history(posts, stack.spec.workers.page_size)
+    after = _metrics(stack)
+    name, labels = "smetric_endpoint_decisions_total", {"endpoint": "/v1/messages"}
+    for reason in ("first-turn-balance", "sticky"):
+        grew = sample_sum(after, name, reason=reason, **labels)
+        assert grew > sample_sum(before, name, reason=reason, **labels), reason
+    dropped = sample_sum(after, "smetric_anthropic_dropped_total", field="thinking")
+    assert dropped - sample_sum(before, "smetric_anthropic_dropped_total", field="thinking") >= 2
+
+
+async def test_codex_fixes_a_bug_through_the_router(
+    stack: Stack, recorder: Recorder, tmp_path: Path
+) -> None:
+    codex = clis.cli("codex")
+    repo = clis.scratch_repo(tmp_path)
+    model = stack.spec.workers.model_name
+    env = clis.codex_env(tmp_path / "home", recorder.url, model)
+    before = _metrics(stack)
+    done = await asyncio.to_thread(clis.run, [str(codex), "exec", "--json", clis.TASK], env, repo)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    kinds = [e.get("type") for e in events]
+    assert "turn.completed" in kinds and "error" not in kinds, kinds
+    calls = [e for e in events if e.get("type") == "item.completed"
+             and e.get("item", {}).get("type") == "command_execution"]  # fmt: skip
+    assert calls, kinds
+    posts = assert_served(recorder, "/v1/responses")
+    assert len(posts) >= 2, posts
+    assert_sticky_with_history(posts, stack.spec.workers.page_size)
+    after = _metrics(stack)
+    name, labels = "smetric_endpoint_decisions_total", {"endpoint": "/v1/responses"}
+    for reason in ("first-turn-balance", "sticky"):
+        grew = sample_sum(after, name, reason=reason, **labels)
+        assert grew > sample_sum(before, name, reason=reason, **labels), reason

@@ -1,0 +1,88 @@
+"""Claude Code and Codex, pinned, one turn each through the router in front of two real SGLang
+0.5.23 workers on CPU (the tiny random model: its text is gibberish, so the agents get no tool
+call to run; what is proven is that the real workers take the agents' real requests through the
+router: no API error, a decision on each, Claude Code's `thinking` dropped for workers that have
+no reasoning parser).
+
+The tiny random model almost never emits its end of turn, and Codex sends no output limit, so the
+workers are started with SGLang's own `--preferred-sampling-params` capping answers at a few
+dozen tokens, standing in for a model's natural end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from smetric_router.launch import ClusterSpec, RouterSpec, SglangSpec, Stack, WorkerSpec
+from tests.agents import clis
+from tests.agents.recorder import Recorder
+from tests.agents.sessions import assert_served
+from tests.prom import sample_sum
+from tests.real_sglang.conftest import MODEL, ROUTER_ARGS, require_sglang_env
+
+pytestmark = pytest.mark.sglang
+
+ANSWER_CAP = ("--preferred-sampling-params", json.dumps({"max_new_tokens": 24}))
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    require_sglang_env()
+    clis.cli("claude")
+    spec = ClusterSpec(
+        router=RouterSpec(port=0, extra_args=ROUTER_ARGS),
+        workers=WorkerSpec(kind="sglang", count=2, page_size=16, extra_args=ANSWER_CAP),
+        sglang=SglangSpec(max_total_tokens=65536),
+    )
+    with Stack(spec) as s:
+        yield s
+
+
+@pytest.fixture
+async def recorder(stack: Stack) -> AsyncIterator[Recorder]:
+    r = Recorder(stack.url)
+    await r.start()
+    yield r
+    await r.stop()
+
+
+def _metrics(stack: Stack) -> str:
+    with urllib.request.urlopen(stack.url + "/metrics") as r:
+        return str(r.read().decode())
+
+
+async def test_claude_code_one_turn_on_real_sglang(
+    stack: Stack, recorder: Recorder, tmp_path: Path
+) -> None:
+    claude = clis.cli("claude")
+    repo = clis.scratch_repo(tmp_path)
+    env = clis.claude_env(tmp_path / "home", recorder.url, MODEL)
+    env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = "24"
+    argv = [str(claude), "-p", clis.TASK, "--output-format", "json", "--max-turns", "1"]
+    done = await asyncio.to_thread(clis.run, argv, env, repo)
+    result = json.loads(done.stdout)
+    assert "api_error_status" not in result, result
+    assert result.get("terminal_reason") != "api_error", result
+    posts = assert_served(recorder, "/v1/messages")
+    assert any(e.prompt_tokens for e in posts), posts
+    dropped = sample_sum(_metrics(stack), "smetric_anthropic_dropped_total", field="thinking")
+    assert dropped >= len(posts) >= 1
+
+
+async def test_codex_one_turn_on_real_sglang(
+    stack: Stack, recorder: Recorder, tmp_path: Path
+) -> None:
+    codex = clis.cli("codex")
+    repo = clis.scratch_repo(tmp_path)
+    env = clis.codex_env(tmp_path / "home", recorder.url, MODEL)
+    done = await asyncio.to_thread(clis.run, [str(codex), "exec", "--json", clis.TASK], env, repo)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    kinds = [json.loads(x).get("type") for x in done.stdout.splitlines() if x.startswith("{")]
+    assert "turn.completed" in kinds and "error" not in kinds, kinds
+    posts = assert_served(recorder, "/v1/responses")
+    assert any(e.prompt_tokens for e in posts), posts
