@@ -120,6 +120,7 @@ async def one_turn(
         "model": MODEL,
         "messages": messages,
         "max_tokens": setup.max_tokens,
+        "ignore_eos": True,  # the replay's output length, not the emulated model's natural one
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_cached_tokens_details": True,

@@ -179,10 +179,11 @@ def tree_cpu_rss(pid: int) -> tuple[float, int]:
 
 
 def measure(t: Target, ports: dict[str, int], seconds: float, work: Path) -> dict[str, float]:
+    # ignore_eos: every request the same length, so the rows compare like with like
     json_body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                            "max_tokens": 8})  # fmt: skip
+                            "max_tokens": 8, "ignore_eos": True})  # fmt: skip
     sse_body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                           "max_tokens": 8, "stream": True})  # fmt: skip
+                           "max_tokens": 8, "ignore_eos": True, "stream": True})  # fmt: skip
     rows: dict[str, float] = {}
     for kind, worker_port, body in (("json", ports["json"], json_body),
                                     ("sse", ports["sse"], sse_body)):  # fmt: skip

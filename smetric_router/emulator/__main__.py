@@ -44,10 +44,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=(
             f"An {NOTICE}. Speaks SGLang {SGLANG_VERSION}'s HTTP API (/generate, "
             "/v1/chat/completions, /v1/completions, /health, /server_info, /v1/loads, /metrics, "
-            f"/flush_cache) and KV-event ZMQ feed. Output length: max_new_tokens (default "
+            f"/flush_cache) and KV-event ZMQ feed. Answers end at a natural length drawn from a "
+            "production trace, at most max_new_tokens (default "
             f"{DEFAULT_MAX_NEW_TOKENS}) on /generate, max_tokens (default "
-            f"{DEFAULT_OPENAI_MAX_TOKENS}) on the OpenAI endpoints, where a chat answer's last "
-            "token is <|im_end|>. POST /emulator/faults injects faults for tests."
+            f"{DEFAULT_OPENAI_MAX_TOKENS}; chats: the context) on the OpenAI endpoints; with "
+            "ignore_eos exactly that many, a chat answer's last token being <|im_end|>. Offered "
+            "tools get harmless Qwen3-Coder calls. POST /emulator/faults injects faults for tests."
         ),
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")

@@ -1,4 +1,9 @@
-"""What the emulated model answers: a reproducible synthetic text of the requested length.
+"""What the emulated model answers: a reproducible synthetic text, or a tool call.
+
+A text answer runs to its natural length (emulator.output_lengths: drawn from the request, ending
+its turn) unless max_tokens cuts it first; a request with `ignore_eos` gets exactly max_tokens
+tokens, as before natural lengths existed (a chat answer still spends its last on the end of
+turn). A tool call (emulator.tool_calls) is the call block's ids, then the end of turn.
 
 The text comes from the worker's tokenizer (emulator.tokenizer), so that encode(text) gives back
 exactly the emitted ids and a follow-up turn that carries the answer hits the cache in full.
@@ -13,7 +18,9 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import overload
 
+from smetric_router.emulator.output_lengths import natural_length
 from smetric_router.emulator.tokenizer import WorkerTokenizer
+from smetric_router.emulator.tool_calls import Call
 
 BLOCK = 256  # tokens drawn at a time
 
@@ -29,16 +36,27 @@ def answer_seed(prompt_ids: Sequence[int], n_tokens: int, rid: str | None) -> in
 
 
 class Answer:
-    """n_text words of synthetic text, then the end of turn when matched_stop is set; the ids
-    the engine emits are `output_ids`, a lazy sequence over the same draw."""
+    """n_text words of synthetic text (or the first n_text ids of `fixed`), then the end of turn
+    when matched_stop is set; the ids the engine emits are `output_ids`, a lazy sequence over
+    the same draw. `call`: the tool call the text is."""
 
-    def __init__(self, tok: WorkerTokenizer, seed: int, n_text: int, end: int | None) -> None:
+    def __init__(
+        self,
+        tok: WorkerTokenizer,
+        seed: int,
+        n_text: int,
+        end: int | None,
+        fixed: Sequence[int] | None = None,
+        call: Call | None = None,
+    ) -> None:
         self._tok = tok
         self._seed = seed
         self.n_text = n_text
         self.matched_stop = end  # the end token, when the answer ends its turn
-        self._ids = array("I")  # drawn so far
+        self._fixed = None if fixed is None else array("I", fixed[:n_text])
+        self._ids = array("I") if self._fixed is None else self._fixed  # drawn so far
         self._words: list[str] = []
+        self.call = call
         self.output_ids = OutputIds(self)
 
     @property
@@ -48,7 +66,7 @@ class Answer:
     def first_token(self) -> Answer:
         """What a PD prefill instance answers: the first token only (the same draw)."""
         if self.n_text:
-            return Answer(self._tok, self._seed, 1, None)
+            return Answer(self._tok, self._seed, 1, None, self._fixed)
         return Answer(self._tok, self._seed, 0, self.matched_stop)
 
     def drawn(self, n: int) -> array[int]:
@@ -69,6 +87,9 @@ class Answer:
     def text_between(self, start: int, end: int) -> str:
         """The text of emitted tokens [start, end) (the end of turn has none)."""
         end = min(end, self.n_text)
+        if self._fixed is not None:  # decoded whole: a piece may hold part of a character
+            before = self._tok.decode(self._fixed[:start])
+            return self._tok.decode(self._fixed[:end])[len(before) :]
         self.drawn(end)
         return "".join(self._words[start:end])
 
@@ -122,10 +143,26 @@ def make_answer(
     max_tokens: int,
     rid: str | None,
     end_turn: bool,
+    *,
+    natural: bool = True,
+    call: Call | None = None,
 ) -> Answer:
-    """max_tokens output tokens in all; a chat answer spends its last one on the end of turn
-    (<|im_end|> for ChatML tokenizers, else EOS)."""
-    seed = answer_seed(prompt_ids, max_tokens, rid)
-    if end_turn:
-        return Answer(tok, seed, max_tokens - 1, tok.end_of_turn_id)
+    """At most max_tokens output tokens. natural: the answer ends its turn at its natural length
+    (or is the call, when it fits), else max_tokens cut it; not natural (ignore_eos): exactly
+    max_tokens, a chat answer (end_turn) spending its last on the end of turn (<|im_end|> for
+    ChatML tokenizers, else EOS)."""
+    end = tok.end_of_turn_id
+    if not natural:
+        seed = answer_seed(prompt_ids, max_tokens, rid)
+        if end_turn:
+            return Answer(tok, seed, max_tokens - 1, end)
+        return Answer(tok, seed, max_tokens, None)
+    seed = answer_seed(prompt_ids, 0, rid)  # not the budget: a longer one only uncuts the text
+    if call is not None:
+        ids = tok.encode(call.text)
+        if len(ids) < max_tokens:
+            return Answer(tok, seed, len(ids), end, ids, call)
+    n = natural_length(seed)
+    if n <= max_tokens:
+        return Answer(tok, seed, n - 1, end)
     return Answer(tok, seed, max_tokens, None)

@@ -7,7 +7,9 @@ converter), whose prompt ids the emulator's chat path computes (emulator/chat.py
 SGLang's Anthropic shapes: the message object (usage input_tokens = prompt - cached, and
 cache_read_input_tokens = cached when there is a hit), the event stream message_start,
 content_block_start / _delta / _stop, message_delta, message_stop (no [DONE]), and errors as
-{"type": "error", "error": {"type", "message"}}. The emulated model answers text only.
+{"type": "error", "error": {"type", "message"}}. A tool call (emulator.tool_calls) is a tool_use
+block, as SGLang reports the call its parser found (id `call_...`, stop_reason tool_use; streamed:
+content_block_start with the block, an input_json_delta per piece the parser got whole).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from smetric_router.emulator import server as srv
 from smetric_router.emulator.chat import chat_prompt_ids
 from smetric_router.emulator.errors import BadRequest, InternalError, json_response
 from smetric_router.emulator.runner import EngineFailed, Tracked
+from smetric_router.emulator.tool_calls import Call, call_id, plan_call
 from smetric_router.features import anthropic_messages
 from smetric_router.features.errors import FeatureError
 
 Json = dict[str, Any]
-_STOP = {"stop": "end_turn", "length": "max_tokens"}
+_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _TYPES = {400: "invalid_request_error", 500: "api_error", 503: "overloaded_error"}
 
 
@@ -54,7 +57,7 @@ def _usage(t: Tracked, *, input_: bool, output: bool, zero_output: bool = False)
     return u
 
 
-def _prompt(em: srv.Emulator, body: Json) -> list[int]:
+def _chat(em: srv.Emulator, body: Json) -> Json:
     inline = anthropic_messages.supports_inline_system(em.codec.template.source or "")
     try:
         chat = anthropic_messages.chat_body(body, inline)
@@ -62,7 +65,13 @@ def _prompt(em: srv.Emulator, body: Json) -> list[int]:
         raise BadRequest(str(exc)) from exc
     if not chat["messages"]:
         raise BadRequest("Messages cannot be empty.")
-    return chat_prompt_ids(em.codec, chat)
+    return chat
+
+
+def _prompt(em: srv.Emulator, body: Json) -> tuple[list[int], Call | None]:
+    """The prompt ids, and the call the answer is (if any): SGLang sends no ignore_eos here."""
+    chat = _chat(em, body)
+    return chat_prompt_ids(em.codec, chat), plan_call(chat)
 
 
 def _max_tokens(body: Json) -> int:
@@ -91,7 +100,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
             raise BadRequest(
                 "Anthropic thinking is not supported for models without a reasoning parser"
             )
-        sub = srv._Submission(em, body, _prompt(em, body), n, end_turn=True, asked=True)
+        prompt, call = _prompt(em, body)
+        sub = srv._Submission(em, body, prompt, n, end_turn=True, asked=True, call=call)
     except BadRequest as exc:
         return error(400, str(exc))
     except InternalError:
@@ -100,35 +110,69 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return error(503, "Internal server error")
     t, answer = sub.t, sub.answer
     message_id = f"msg_{uuid.uuid4().hex}"
+    tool_id = call_id()
+
+    def called() -> Call | None:
+        return answer.call if srv._openai_finish(t, answer) == "stop" else None
 
     def stop_reason() -> str:
-        return _STOP.get(srv._openai_finish(t, answer) or "stop", "end_turn")
+        finish = "tool_calls" if called() else srv._openai_finish(t, answer) or "stop"
+        return _STOP.get(finish, "end_turn")
+
+    def tool_use(call: Call, arguments: Json) -> Json:
+        return {"type": "tool_use", "id": tool_id, "name": call.name, "input": arguments}
 
     def whole() -> Json:
+        call = called()
+        content = ([tool_use(call, call.arguments)] if call is not None
+                   else [{"type": "text", "text": answer.text_at(t.n_out)}])  # fmt: skip
         return {
             "id": message_id,
             "type": "message",
             "role": "assistant",
-            "content": [{"type": "text", "text": answer.text_at(t.n_out)}],
+            "content": content,
             "model": model,
             "stop_reason": stop_reason(),
             "usage": _usage(t, input_=True, output=True),
         }
 
+    pieces = [] if answer.call is None else answer.call.fragments()
+
+    def call_events(shown: int) -> tuple[int, list[tuple[str, Json]]]:
+        """The call's pieces its parser got whole by now, from the shown-th on."""
+        out: list[tuple[str, Json]] = []
+        reach = len(answer.text_at(t.n_out))
+        while shown < len(pieces) and pieces[shown][0] <= reach and answer.call is not None:
+            _, name, delta = pieces[shown]
+            if name is not None:
+                out.append(("content_block_start", {"type": "content_block_start", "index": 0,
+                            "content_block": tool_use(answer.call, {})}))  # fmt: skip
+            if delta:
+                piece = {"type": "input_json_delta", "partial_json": delta}
+                event = {"type": "content_block_delta", "index": 0, "delta": piece}
+                out.append(("content_block_delta", event))
+            shown += 1
+        return shown, out
+
     async def events() -> AsyncIterator[tuple[str, Json]]:
         started = opened = False
         sent = 0  # tokens whose text was sent
+        shown = 0  # call pieces sent
         async for _ in srv._progress(t):
             if t.error_status is not None:
                 break
-            text = answer.text_between(sent, t.n_out)
+            text = "" if answer.call is not None else answer.text_between(sent, t.n_out)
             sent = t.n_out
-            if not started and (text or t.done):
+            shown, call_parts = call_events(shown)
+            if not started and (text or call_parts or t.done):
                 head = {"id": message_id, "type": "message", "role": "assistant",
                         "content": [], "model": model,
                         "usage": _usage(t, input_=True, output=True, zero_output=True)}  # fmt: skip
                 yield "message_start", {"type": "message_start", "message": head}
                 started = True
+            for part in call_parts:
+                opened = True
+                yield part
             if text:
                 if not opened:
                     block = {"type": "text", "text": ""}
@@ -175,7 +219,7 @@ async def count_tokens(request: web.Request) -> web.Response:
         body = await srv._body(request)
         if not isinstance(body.get("model"), str):
             raise BadRequest("model: Field required")
-        return json_response({"input_tokens": len(_prompt(em, body))})
+        return json_response({"input_tokens": len(chat_prompt_ids(em.codec, _chat(em, body)))})
     except BadRequest as exc:
         return error(400, str(exc))
     except InternalError:

@@ -12,8 +12,11 @@ output_item.added, content_part.added, output_text.delta..., output_text.done,
 content_part.done, output_item.done, response.completed | incomplete (no [DONE]); errors as
 {"error": {"message", "type", "param", "code"}}. Responses with store (the default) are kept in
 memory, at most STORE_LIMIT per worker, the oldest evicted first (SGLang keeps them all: a
-worker that runs for long would grow without bound); `store: false` ones are not kept. The
-emulated model answers text only; background requests are refused.
+worker that runs for long would grow without bound); `store: false` ones are not kept, and
+background requests are refused. A tool call (emulator.tool_calls, function tools only) is a
+function_call output item (call_id `call_...`, id `fc_...`), streamed as output_item.added,
+function_call_arguments.delta per piece SGLang's parser got whole, .done, output_item.done; the
+stored history keeps it, so a previous_response_id chain renders the call as SGLang would.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from smetric_router.emulator.chat import chat_prompt_ids
 from smetric_router.emulator.config import DEFAULT_OPENAI_MAX_TOKENS
 from smetric_router.emulator.errors import BadRequest, InternalError, json_response
 from smetric_router.emulator.runner import EngineFailed
+from smetric_router.emulator.tool_calls import Call, call_id, plan_call
 from smetric_router.features import anthropic_messages, openai_responses
 from smetric_router.features.errors import FeatureError
 
@@ -175,7 +179,10 @@ async def create(request: web.Request) -> web.StreamResponse:
             raise BadRequest("Cannot apply chat template to an empty conversation.")
         n, asked = _max_tokens(body)
         prompt = chat_prompt_ids(em.codec, chat)
-        sub = srv._Submission(em, body, prompt, n, True, asked)
+        functions = [t.get("name") for t in body.get("tools") or []
+                     if isinstance(t, dict) and t.get("type") == "function"]  # fmt: skip
+        call = plan_call(chat, allowed=[f for f in functions if isinstance(f, str)])
+        sub = srv._Submission(em, body, prompt, n, True, asked, open_ended=True, call=call)
     except BadRequest as exc:
         if exc.validation:
             return error(400, str(exc), "Bad Request")
@@ -188,7 +195,16 @@ async def create(request: web.Request) -> web.StreamResponse:
     model = body.get("model") or srv.DEFAULT_REQUEST_MODEL
     rid = f"resp_{uuid.uuid4().hex}"
     item_id = f"msg_{uuid.uuid4().hex}"
+    fc_id = f"fc_{uuid.uuid4().hex[:8]}"
+    tool_id = call_id()
     created = int(time.time())
+
+    def called() -> Call | None:
+        return answer.call if srv._openai_finish(t, answer) == "stop" else None
+
+    def function_call(call: Call, arguments: str, status: str) -> Json:
+        return {"arguments": arguments, "call_id": tool_id, "name": call.name,
+                "type": "function_call", "id": fc_id, "status": status}  # fmt: skip
 
     def part(text: str) -> Json:
         return {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
@@ -201,7 +217,11 @@ async def create(request: web.Request) -> web.StreamResponse:
     def final() -> Json:
         out = _base(body, rid, model, created)
         cut = srv._openai_finish(t, answer) == "length"
-        out["output"] = [item(answer.text_at(t.n_out))]
+        call = called()
+        if call is not None:
+            out["output"] = [function_call(call, call.arguments_json, "completed")]
+        else:
+            out["output"] = [item(answer.text_at(t.n_out))]
         out["status"] = "incomplete" if cut else "completed"
         out["incomplete_details"] = {"reason": "max_output_tokens"} if cut else None
         out["usage"] = {
@@ -223,9 +243,26 @@ async def create(request: web.Request) -> web.StreamResponse:
         opened = False
         sent = 0
         where = {"item_id": item_id, "output_index": 0}
+        pieces = [] if answer.call is None else answer.call.fragments()
+        shown = 0  # call pieces sent
+        arguments = ""
         async for _ in srv._progress(t):
             if t.error_status is not None:
                 break
+            if answer.call is not None:
+                reach = len(answer.text_at(t.n_out))
+                while shown < len(pieces) and pieces[shown][0] <= reach:
+                    _, name, delta = pieces[shown]
+                    shown += 1
+                    if name is not None:
+                        added = function_call(answer.call, "", "in_progress")
+                        yield {"item": added, "output_index": 0,
+                               "type": "response.output_item.added"}  # fmt: skip
+                    if delta:
+                        arguments += delta
+                        yield {"delta": delta, "item_id": fc_id, "output_index": 0,
+                               "type": "response.function_call_arguments.delta"}  # fmt: skip
+                continue
             text = answer.text_between(sent, t.n_out)
             sent = t.n_out
             if text and not opened:
@@ -242,6 +279,11 @@ async def create(request: web.Request) -> web.StreamResponse:
             yield {"type": "response.failed", "response": failed}
             return
         whole = answer.text_at(t.n_out)
+        if shown and answer.call is not None:  # the call's item, closed as SGLang's stream ends
+            done = function_call(answer.call, arguments, "completed")
+            yield {"arguments": arguments, "item_id": fc_id, "name": answer.call.name,
+                   "output_index": 0, "type": "response.function_call_arguments.done"}  # fmt: skip
+            yield {"item": done, "output_index": 0, "type": "response.output_item.done"}
         if opened:
             yield {"content_index": 0, **where, "logprobs": [], "text": whole,
                    "type": "response.output_text.done"}  # fmt: skip

@@ -62,6 +62,7 @@ from smetric_router.emulator.pd import (
 )
 from smetric_router.emulator.runner import DuplicateRid, EngineFailed, EngineRunner, Tracked
 from smetric_router.emulator.tokenizer import WorkerTokenizer
+from smetric_router.emulator.tool_calls import Call, call_id, plan_call
 from smetric_router.engine.api import CachedTokens, EngineModel
 from smetric_router.engine.timing import load_profile
 
@@ -72,6 +73,9 @@ KV_TRANSFER_FAILED = 500  # SGLang aborts a decode whose KV transfer failed as a
 GENERATION_PATHS = frozenset(
     {"/generate", "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
 )
+# the emulated model (Qwen3-Coder) stands in for a worker started with this parser; its tool calls
+# are answered in the shapes that parser gives (emulator.tool_calls)
+TOOL_CALL_PARSER = "qwen3_coder"
 DEFAULT_REQUEST_MODEL = "default"  # what SGLang echoes for an OpenAI request without "model"
 SSE_TYPE = "text/event-stream; charset=utf-8"
 _DIE_KEY = web.RequestKey("emulator_die_mid_stream", bool)
@@ -404,14 +408,26 @@ class _Submission:
         max_tokens: int,
         end_turn: bool,
         asked: bool,
+        *,
+        natural: bool = True,
+        open_ended: bool = False,
+        call: Call | None = None,
     ) -> None:
-        """asked: whether the request set its max tokens (SGLang checks the total only then)."""
+        """asked: whether the request set its max tokens (SGLang checks the total only then);
+        natural: the answer may end before max_tokens (no ignore_eos); open_ended: without a
+        max set, a natural answer may run to the context's end (chat-like APIs, as SGLang's
+        chat leaves max_tokens unset) rather than to the default max_tokens; call: the tool
+        call the answer is, if it fits."""
         _check_context(em, len(prompt), max_tokens if asked else None)
+        if natural and open_ended and not asked:
+            max_tokens = em.context_length - len(prompt)
         user_rid = body.get("rid")
         if user_rid is not None and not isinstance(user_rid, str):
             raise BadRequest("rid: Input should be a valid string", validation=True)
         self.rid = user_rid or uuid.uuid4().hex
-        self.answer = make_answer(em.codec, prompt, max_tokens, user_rid, end_turn)
+        self.answer = make_answer(
+            em.codec, prompt, max_tokens, user_rid, end_turn, natural=natural, call=call
+        )
         self.created = int(time.time())
         role, runner = em.config.role, em.runner
         try:
@@ -519,12 +535,32 @@ def _generate_prompt(em: Emulator, body: Json) -> tuple[list[int], int, bool]:
     return prompt, n, asked is not None
 
 
+def ignore_eos(value: object, validated: bool) -> bool:
+    """SGLang's ignore_eos: a pydantic bool in the OpenAI bodies (validated), a value taken by
+    its truth in /generate's sampling_params dict."""
+    if not validated:
+        return bool(value)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[value.lower()]
+    raise BadRequest("ignore_eos: Input should be a valid boolean", validation=True)
+
+
+_BOOL_WORDS = dict.fromkeys(("true", "1", "yes", "on", "t", "y"), True) | dict.fromkeys(
+    ("false", "0", "no", "off", "f", "n"), False
+)
+
+
 async def generate(request: web.Request) -> web.StreamResponse:
     em = request.app[EMULATOR]
     try:
         body = await _body(request)
         prompt, n, asked = _generate_prompt(em, body)
-        sub = _Submission(em, body, prompt, n, end_turn=False, asked=asked)
+        natural = not ignore_eos((body.get("sampling_params") or {}).get("ignore_eos"), False)
+        sub = _Submission(em, body, prompt, n, end_turn=False, asked=asked, natural=natural)
     except BadRequest as exc:
         return exc.response(generate=True)
     except EngineFailed as exc:
@@ -596,12 +632,17 @@ async def _openai(
     try:
         body = await _body(request)
         model, n, stream, include_usage, asked = _openai_common(em, body, chat)
-        sub = _Submission(em, body, parse_prompt(em, body), n, end_turn=chat, asked=asked)
+        natural = not ignore_eos(body.get("ignore_eos"), True)
+        prompt = parse_prompt(em, body)
+        call = plan_call(body) if chat and natural else None
+        sub = _Submission(em, body, prompt, n, chat, asked,
+                          natural=natural, open_ended=chat, call=call)  # fmt: skip
     except (BadRequest, InternalError) as exc:
         return exc.response()
     except EngineFailed as exc:
         return openai_error(str(exc), 503, "ServiceUnavailable")
     t, answer = sub.t, sub.answer
+    tool_id = call_id()
     details = bool(body.get("return_cached_tokens_details"))
     kind = "chat.completion" if chat else "text_completion"
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"
@@ -613,18 +654,35 @@ async def _openai(
         d = replies.cached_details(t) if details else None
         return None if d is None else {"cached_tokens_details": d}
 
-    def choice(body_: Json, finish: bool = True) -> Json:
+    def called() -> bool:
+        """The answer is a whole call (SGLang's parser reports it, finish tool_calls)."""
+        return answer.call is not None and _openai_finish(t, answer) == "stop"
+
+    def choice(body_: Json, finish: bool = True, whole: bool = False) -> Json:
         c: Json = {"index": 0, **body_, "logprobs": None}
         c["finish_reason"] = _openai_finish(t, answer) if finish else None
         c["matched_stop"] = answer.matched_stop if finish and t.finished else None
+        if finish and called():
+            c["finish_reason"] = "tool_calls"
+            if whole:  # the non-streamed reply drops the stop; the stream's last chunk keeps it
+                c["matched_stop"] = None
         return c
+
+    def tool_call(name: str | None, arguments: str, first: bool = True) -> Json:
+        function = {"name": name, "arguments": arguments}
+        return {"id": tool_id if first else None, "index": 0, "type": "function",
+                "function": function}  # fmt: skip
 
     def whole() -> Json:
         text = answer.text_at(t.n_out)
         msg: Json = {"text": text}
-        if chat:
+        if chat and answer.call is not None and called():
+            call = tool_call(answer.call.name, answer.call.arguments_json)
+            msg = {"message": {"role": "assistant", "content": "", "reasoning_content": None,
+                               "tool_calls": [call]}}  # fmt: skip
+        elif chat:
             msg = {"message": {"role": "assistant", "content": text, "reasoning_content": None}}
-        obj = {**head(kind), "choices": [choice(msg)], "usage": replies.usage(t)}
+        obj = {**head(kind), "choices": [choice(msg, whole=True)], "usage": replies.usage(t)}
         obj["metadata"] = replies.metadata(t)
         ext = sglext()
         if ext is not None:
@@ -639,17 +697,31 @@ async def _openai(
             d["content"] = content
         return {"delta": d}
 
+    def call_delta(name: str | None, arguments: str) -> Json:
+        d = {"role": None, "content": None, "reasoning_content": None,
+             "tool_calls": [tool_call(name, arguments, name is not None)]}  # fmt: skip
+        return {**head(chunk_kind), "choices": [choice({"delta": d}, False)], "usage": None}
+
     async def chat_chunks() -> AsyncIterator[Json]:
-        """SGLang's chat stream: a role chunk, then a content chunk per step that added text,
-        then a chunk carrying only the finish reason."""
+        """SGLang's chat stream: a role chunk, then a content chunk per step that added text
+        (for a call: a chunk per piece its parser got whole), then a chunk carrying only the
+        finish reason."""
         sent: int | None = None  # tokens whose text was sent
+        pieces = [] if answer.call is None else answer.call.fragments()
+        shown = 0  # pieces sent
         async for _ in _progress(t):
             if sent is None:
                 yield {**head(chunk_kind), "choices": [choice(delta("", role=True), False)]}
                 sent = 0
-            text = answer.text_between(sent, t.n_out)
-            if text:
-                yield {**head(chunk_kind), "choices": [choice(delta(text), False)]}
+            if answer.call is not None:
+                reach = len(answer.text_at(t.n_out))
+                while shown < len(pieces) and pieces[shown][0] <= reach:
+                    yield call_delta(*pieces[shown][1:])
+                    shown += 1
+            else:
+                text = answer.text_between(sent, t.n_out)
+                if text:
+                    yield {**head(chunk_kind), "choices": [choice(delta(text), False)]}
             sent = t.n_out
             if t.done:
                 yield {**head(chunk_kind), "choices": [choice(delta(None))]}
@@ -753,6 +825,7 @@ def _server_info(em: Emulator) -> Json:
         "served_model_name": cfg.model_name,
         "tokenizer_path": cfg.tokenizer_path,
         "chat_template": cfg.chat_template,
+        "tool_call_parser": TOOL_CALL_PARSER,
         "host": cfg.host,
         "port": cfg.port,
         "page_size": ecfg.page_size,
@@ -817,7 +890,7 @@ async def model_info(request: web.Request) -> web.Response:
             "weight_version": replies.WEIGHT_VERSION,
             "load_format": "auto",
             "reasoning_parser": None,
-            "tool_call_parser": None,
+            "tool_call_parser": TOOL_CALL_PARSER,
             "disaggregation_mode": cfg.role,
             "has_image_understanding": False,
             "has_audio_understanding": False,

@@ -135,6 +135,8 @@ async def run_session(
             model=model,
             messages=messages,  # type: ignore[arg-type]
             max_tokens=max_tokens,
+            # the length is the load's, and the call is the agent's: no natural end, no model call
+            extra_body={"ignore_eos": True},
             **extra,
         )
         reply = raw.parse()

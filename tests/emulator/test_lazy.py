@@ -73,7 +73,8 @@ async def test_a_billion_max_tokens_streams_without_memory_and_can_be_cut(tmp_pa
             async with http.get(url + "/v1/models") as r:
                 assert (await r.json())["data"][0]["max_model_len"] == 2_000_000_000
             before = rss(pid)
-            body = {"prompt": "Count to a billion.", "max_tokens": 1e9, "stream": True}
+            body = {"prompt": "Count to a billion.", "max_tokens": 1e9, "ignore_eos": True,
+                    "stream": True}  # fmt: skip
             words = 0
             started = time.monotonic()
             async with http.post(url + "/v1/completions", json=body) as r:
@@ -102,17 +103,17 @@ async def test_a_billion_max_tokens_streams_without_memory_and_can_be_cut(tmp_pa
 
 def test_an_answer_is_drawn_as_far_as_it_is_read() -> None:
     tok = load_tokenizer()
-    answer = make_answer(tok, [1, 2, 3], 10**9, None, end_turn=True)
+    answer = make_answer(tok, [1, 2, 3], 10**9, None, end_turn=True, natural=False)
     assert len(answer.output_ids) == 10**9
     first = answer.output_ids[:5]
     assert len(answer.drawn(0)) == BLOCK  # one block drawn, not the answer
     text = answer.text_at(5)
     assert tok.encode(text) == first
     # the same draw whatever is read first, and blocks joined encode to their ids
-    again = make_answer(tok, [1, 2, 3], 10**9, None, end_turn=True)
+    again = make_answer(tok, [1, 2, 3], 10**9, None, end_turn=True, natural=False)
     assert again.text_between(0, 3 * BLOCK) == answer.text_at(3 * BLOCK)
     assert tok.encode(again.text_at(3 * BLOCK)) == answer.output_ids[: 3 * BLOCK]
-    short = make_answer(tok, [1, 2, 3], 4, None, end_turn=True)
+    short = make_answer(tok, [1, 2, 3], 4, None, end_turn=True, natural=False)
     assert list(short.output_ids) == [*short.output_ids[:3], tok.end_of_turn_id]
     assert short.text_at(10) == short.text_at(3)
     assert short.first_token().output_ids[:] == short.output_ids[:1]

@@ -16,7 +16,9 @@ def _chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 
 async def test_chat_completion_shape(worker: Worker) -> None:
     messages = [{"role": "user", "content": "hello there, emulator"}]
-    status, out = await worker.post("/v1/chat/completions", _chat(messages, max_tokens=10))
+    status, out = await worker.post(
+        "/v1/chat/completions", _chat(messages, max_tokens=10, ignore_eos=True)
+    )
     assert status == 200, out
     assert out["object"] == "chat.completion" and out["model"] == MODEL
     assert out["id"] and isinstance(out["created"], int)
@@ -36,7 +38,8 @@ async def test_chat_completion_shape(worker: Worker) -> None:
 
 
 async def test_chat_default_length(worker: Worker) -> None:
-    _, out = await worker.post("/v1/chat/completions", _chat([{"role": "user", "content": "x"}]))
+    forced = _chat([{"role": "user", "content": "x"}], ignore_eos=True)
+    _, out = await worker.post("/v1/chat/completions", forced)
     assert out["usage"]["completion_tokens"] == 64
 
 
@@ -64,7 +67,8 @@ async def test_follow_up_turn_hits_the_history(worker: Worker) -> None:
 
 async def test_chat_stream_with_usage(worker: Worker) -> None:
     messages = [{"role": "user", "content": "stream me something"}]
-    body = _chat(messages, max_tokens=12, stream=True, stream_options={"include_usage": True},
+    usage = {"include_usage": True}
+    body = _chat(messages, max_tokens=12, ignore_eos=True, stream=True, stream_options=usage,
                  return_cached_tokens_details=True)  # fmt: skip
     events = await worker.sse("/v1/chat/completions", body)
     assert events[-1] == "[DONE]"
@@ -87,7 +91,9 @@ async def test_chat_stream_with_usage(worker: Worker) -> None:
     assert usage_chunk["usage"]["completion_tokens"] == 12
     assert usage_chunk["usage"]["completion_tokens_details"] is None
     # the same request, not streamed, answers the same text
-    _, whole = await worker.post("/v1/chat/completions", _chat(messages, max_tokens=12))
+    _, whole = await worker.post(
+        "/v1/chat/completions", _chat(messages, max_tokens=12, ignore_eos=True)
+    )
     assert whole["choices"][0]["message"]["content"] == text
 
 
@@ -154,12 +160,19 @@ async def test_openai_sdk_client(worker: Worker) -> None:
     client = openai.AsyncOpenAI(base_url=worker.url + "/v1", api_key="unused")
     try:
         reply = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "sdk"}], max_tokens=6
+            model=MODEL,
+            messages=[{"role": "user", "content": "sdk"}],
+            max_tokens=6,
+            extra_body={"ignore_eos": True},
         )
         assert reply.choices[0].finish_reason == "stop"
         assert reply.usage is not None and reply.usage.completion_tokens == 6
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "sdk"}], max_tokens=6, stream=True
+            model=MODEL,
+            messages=[{"role": "user", "content": "sdk"}],
+            max_tokens=6,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         assert text == reply.choices[0].message.content

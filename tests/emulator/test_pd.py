@@ -45,8 +45,10 @@ def paired(body: dict[str, Any], prefill: Worker, room: int | None = None) -> di
 
 
 def chat(content: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    """A chat of exactly max_tokens answer tokens (ignore_eos), so pairs can be counted."""
     messages = [{"role": "user", "content": content}]
-    return {"model": MODEL, "messages": messages, "max_tokens": max_tokens, **extra}
+    return {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True,
+            **extra}  # fmt: skip
 
 
 async def _idle(w: Worker, deadline_s: float = 5.0) -> dict[str, Any]:
