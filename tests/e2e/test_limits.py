@@ -115,10 +115,12 @@ async def test_completion_budgets_past_the_context_are_refused(stack: Stack) -> 
         bad_generate = {"text": "Hi", "sampling_params": {"max_new_tokens": -5}}
         refused(*await post(http, generate, bad_generate), "sampling_params.max_new_tokens", None)
         # what fits is served
-        status, body, _ = await post(http, chat, {**CHAT, "max_tokens": 8})
+        status, body, _ = await post(http, chat, {**CHAT, "max_tokens": 8, "ignore_eos": True})
         assert status == 200 and body["usage"]["completion_tokens"] == 8
         status, body, _ = await post(
-            http, generate, {"text": "Hi", "sampling_params": {"max_new_tokens": 4.0}}
+            http,
+            generate,
+            {"text": "Hi", "sampling_params": {"max_new_tokens": 4.0, "ignore_eos": True}},
         )
         assert status == 200 and body["meta_info"]["completion_tokens"] == 4
 

@@ -21,6 +21,7 @@ async def test_openai_client_chat_and_completions(make_stack: StackFactory) -> N
             model=model,
             messages=messages,  # type: ignore[arg-type]
             max_tokens=12,
+            extra_body={"ignore_eos": True},  # exactly 12 tokens
         )
         assert raw.headers["x-smetric-worker"] in stack.worker_urls
         assert raw.headers["x-smetric-reason"] == "first-turn-balance"
@@ -33,16 +34,21 @@ async def test_openai_client_chat_and_completions(make_stack: StackFactory) -> N
             messages=messages,  # type: ignore[arg-type]
             max_tokens=12,
             stream=True,
+            extra_body={"ignore_eos": True},
         )
         chunks = [c async for c in stream]
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert len(chunks) > 3 and text
 
-        done = await client.completions.create(model=model, prompt="def reverse(xs):", max_tokens=8)
+        done = await client.completions.create(
+            model=model, prompt="def reverse(xs):", max_tokens=8, extra_body={"ignore_eos": True}
+        )
         assert done.choices[0].text
 
         # one model: like SGLang, it answers to any name (tests/e2e/test_model_names.py)
-        done = await client.completions.create(model="default", prompt="x", max_tokens=2)
+        done = await client.completions.create(
+            model="default", prompt="x", max_tokens=2, extra_body={"ignore_eos": True}
+        )
         assert done.choices[0].text
 
 

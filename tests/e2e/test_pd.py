@@ -36,6 +36,7 @@ async def test_openai_client_chat_through_the_pd_stack(pd_stack: Stack) -> None:
             model=model,
             messages=messages,  # type: ignore[arg-type]
             max_tokens=12,
+            extra_body={"ignore_eos": True},  # exactly 12 tokens, the last ending the turn
         )
         assert raw.headers["x-smetric-prefill-worker"] in prefills
         assert raw.headers["x-smetric-worker"] in decodes
@@ -49,6 +50,7 @@ async def test_openai_client_chat_through_the_pd_stack(pd_stack: Stack) -> None:
             messages=messages,  # type: ignore[arg-type]
             max_tokens=12,
             stream=True,
+            extra_body={"ignore_eos": True},
         )
         chunks = [c async for c in stream]
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

@@ -37,6 +37,7 @@ def test_launched_prefill_and_decode_serve_a_pair() -> None:
         body = {
             "messages": [{"role": "user", "content": "hello through a launched pair"}],
             "max_tokens": 6,
+            "ignore_eos": True,
             "bootstrap_host": "127.0.0.1",
             "bootstrap_port": prefill.bootstrap_port,
             "bootstrap_room": 12345,

@@ -30,7 +30,9 @@ MESSAGES = [
     {"role": "user", "content": "Write a function that adds two numbers."},
 ]
 NEW_TOKENS = 4
-SAMPLING = {"max_new_tokens": NEW_TOKENS, "temperature": 0.0}
+# ignore_eos: both workers answer exactly NEW_TOKENS tokens (the emulator's natural lengths and
+# the real model's EOS would differ); Messages and Responses have no such field
+SAMPLING = {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +56,13 @@ def _json_probe(name: str, path: str, body: Any) -> Probe:
 
 
 def _chat(**extra: Any) -> dict[str, Any]:
-    return {"messages": MESSAGES, "max_tokens": NEW_TOKENS, "temperature": 0.0, **extra}
+    return {"messages": MESSAGES, "max_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True,
+            **extra}  # fmt: skip
 
 
 def _completion(**extra: Any) -> dict[str, Any]:
-    return {"prompt": PROMPT_TEXT, "max_tokens": NEW_TOKENS, "temperature": 0.0, **extra}
+    return {"prompt": PROMPT_TEXT, "max_tokens": NEW_TOKENS, "temperature": 0.0,
+            "ignore_eos": True, **extra}  # fmt: skip
 
 
 def _generate(**extra: Any) -> dict[str, Any]:

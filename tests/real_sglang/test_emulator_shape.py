@@ -49,6 +49,11 @@ ALLOWED = (
             "SGLang's embedding-capability block (constant for a generation model); no client "
             "of a generation worker reads it"),
     Allowed("model_info.body.emulat*", "emulator", "the emulator says what it is"),
+    Allowed("model_info.body.tool_call_parser: str", "emulator",
+            "the emulated Qwen3-Coder stands in for a worker started with --tool-call-parser "
+            "qwen3_coder (its tool calls are answered as that parser reports them); the tiny "
+            "real worker runs without a parser"),
+    Allowed("model_info.body.tool_call_parser: null", "real", "as above"),
     Allowed("v1_loads*.body.accelerator: null", "real",
             "the device name; null on this CPU machine, a string (\"NVIDIA H20\") on GPUs, "
             "where the emulator's \"emulated\" stands"),
