@@ -34,8 +34,10 @@ Json = dict[str, Any]
 MAX_ROUNDS = 3
 _SHELL_KEYS = ("command", "cmd")
 _PATH_KEYS = ("file_path", "filePath", "path")
+# never called: tools that change things or reach out, and image viewers (a text file is an error
+# there: Codex's view_image takes a `path` like a file reader)
 _UNSAFE = ("write", "edit", "agent", "task", "web", "fetch", "patch", "notebook", "delete",
-           "remove", "create", "move", "rename", "kill")  # fmt: skip
+           "remove", "create", "move", "rename", "kill", "image")  # fmt: skip
 _CWD = re.compile(r"(?:Primary working directory|Working directory):\s*(/\S+)|<cwd>([^<]+)</cwd>")
 _REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
 _PATH = re.compile(

@@ -57,7 +57,8 @@ async def test_claude_code_fixes_a_bug_through_the_router(
     )
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     result = json.loads(done.stdout)
-    assert result["is_error"] is False and "api_error_status" not in result, result
+    assert result["is_error"] is False and result.get("api_error_status") is None, result
+    assert result.get("api_error") is None, result
     assert result["num_turns"] >= 2, result
     posts = assert_served(recorder, "/v1/messages")
     assert_sticky_with_history(posts, stack.spec.workers.page_size)
@@ -94,3 +95,17 @@ async def test_codex_fixes_a_bug_through_the_router(
     for reason in ("first-turn-balance", "sticky"):
         grew = sample_sum(after, name, reason=reason, **labels)
         assert grew > sample_sum(before, name, reason=reason, **labels), reason
+
+
+async def test_opencode_fixes_a_bug_through_the_router(
+    stack: Stack, recorder: Recorder, tmp_path: Path
+) -> None:
+    opencode = clis.cli("opencode")
+    repo = clis.scratch_repo(tmp_path)
+    model = stack.spec.workers.model_name
+    (repo / "opencode.json").write_text(clis.opencode_config(recorder.url, model))
+    env = clis.base_env(tmp_path / "home")
+    done = await asyncio.to_thread(clis.run, [str(opencode), "run", clis.TASK], env, repo)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    posts = assert_served(recorder, "/v1/chat/completions")
+    assert_sticky_with_history(posts, stack.spec.workers.page_size)
