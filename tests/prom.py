@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import urllib.request
+
 from prometheus_client.parser import text_string_to_metric_families
+
+
+def scrape(base_url: str) -> str:
+    """GET base_url/metrics."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as r:
+        return str(r.read().decode())
 
 
 def sample_sum(text: str, name: str, **labels: str) -> float:

@@ -9,7 +9,7 @@ prompt and cached tokens the reply reports (Anthropic usage, Responses usage, ch
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,3 +135,14 @@ class Recorder:
             )
         )
         return resp
+
+
+@contextlib.asynccontextmanager
+async def recording(upstream: str) -> AsyncIterator[Recorder]:
+    """A Recorder in front of `upstream` for the length of the block."""
+    r = Recorder(upstream)
+    await r.start()
+    try:
+        yield r
+    finally:
+        await r.stop()

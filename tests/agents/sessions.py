@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tests.agents.recorder import Exchange, Recorder
+from tests.prom import sample_sum
 
 
 def assert_served(recorder: Recorder, path: str) -> list[Exchange]:
@@ -28,3 +29,11 @@ def assert_sticky_with_history(posts: list[Exchange], page: int) -> list[Exchang
         assert earlier, e
         assert (e.cached_tokens or 0) >= min(p.prompt_tokens or 0 for p in earlier) // page * page
     return sticky
+
+
+def assert_metrics_say_so(before: str, after: str, endpoint: str) -> None:
+    """The router's own per-endpoint counts grew by a balanced first request and a sticky one."""
+    name = "smetric_endpoint_decisions_total"
+    for reason in ("first-turn-balance", "sticky"):
+        grew = sample_sum(after, name, endpoint=endpoint, reason=reason)
+        assert grew > sample_sum(before, name, endpoint=endpoint, reason=reason), reason

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,9 +16,13 @@ import pytest
 
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack
 from tests.agents import clis
-from tests.agents.recorder import Recorder
-from tests.agents.sessions import assert_served, assert_sticky_with_history
-from tests.prom import sample_sum
+from tests.agents.recorder import Recorder, recording
+from tests.agents.sessions import (
+    assert_metrics_say_so,
+    assert_served,
+    assert_sticky_with_history,
+)
+from tests.prom import sample_sum, scrape
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +36,8 @@ def stack() -> Iterator[Stack]:
 
 @pytest.fixture
 async def recorder(stack: Stack) -> AsyncIterator[Recorder]:
-    r = Recorder(stack.url)
-    await r.start()
-    yield r
-    await r.stop()
-
-
-def _metrics(stack: Stack) -> str:
-    with urllib.request.urlopen(stack.url + "/metrics") as r:
-        return str(r.read().decode())
+    async with recording(stack.url) as r:
+        yield r
 
 
 async def test_claude_code_fixes_a_bug_through_the_router(
@@ -51,7 +47,7 @@ async def test_claude_code_fixes_a_bug_through_the_router(
     repo = clis.scratch_repo(tmp_path)
     model = stack.spec.workers.model_name
     env = clis.claude_env(tmp_path / "home", recorder.url, model)
-    before = _metrics(stack)
+    before = scrape(stack.url)
     done = await asyncio.to_thread(
         clis.run, [str(claude), "-p", clis.TASK, "--output-format", "json"], env, repo
     )
@@ -62,11 +58,8 @@ async def test_claude_code_fixes_a_bug_through_the_router(
     assert result["num_turns"] >= 2, result
     posts = assert_served(recorder, "/v1/messages")
     assert_sticky_with_history(posts, stack.spec.workers.page_size)
-    after = _metrics(stack)
-    name, labels = "smetric_endpoint_decisions_total", {"endpoint": "/v1/messages"}
-    for reason in ("first-turn-balance", "sticky"):
-        grew = sample_sum(after, name, reason=reason, **labels)
-        assert grew > sample_sum(before, name, reason=reason, **labels), reason
+    after = scrape(stack.url)
+    assert_metrics_say_so(before, after, "/v1/messages")
     dropped = sample_sum(after, "smetric_anthropic_dropped_total", field="thinking")
     assert dropped - sample_sum(before, "smetric_anthropic_dropped_total", field="thinking") >= 2
 
@@ -78,7 +71,7 @@ async def test_codex_fixes_a_bug_through_the_router(
     repo = clis.scratch_repo(tmp_path)
     model = stack.spec.workers.model_name
     env = clis.codex_env(tmp_path / "home", recorder.url, model)
-    before = _metrics(stack)
+    before = scrape(stack.url)
     done = await asyncio.to_thread(clis.run, [str(codex), "exec", "--json", clis.TASK], env, repo)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -90,11 +83,7 @@ async def test_codex_fixes_a_bug_through_the_router(
     posts = assert_served(recorder, "/v1/responses")
     assert len(posts) >= 2, posts
     assert_sticky_with_history(posts, stack.spec.workers.page_size)
-    after = _metrics(stack)
-    name, labels = "smetric_endpoint_decisions_total", {"endpoint": "/v1/responses"}
-    for reason in ("first-turn-balance", "sticky"):
-        grew = sample_sum(after, name, reason=reason, **labels)
-        assert grew > sample_sum(before, name, reason=reason, **labels), reason
+    assert_metrics_say_so(before, scrape(stack.url), "/v1/responses")
 
 
 async def test_opencode_fixes_a_bug_through_the_router(
@@ -105,7 +94,9 @@ async def test_opencode_fixes_a_bug_through_the_router(
     model = stack.spec.workers.model_name
     (repo / "opencode.json").write_text(clis.opencode_config(recorder.url, model))
     env = clis.base_env(tmp_path / "home")
+    before = scrape(stack.url)
     done = await asyncio.to_thread(clis.run, [str(opencode), "run", clis.TASK], env, repo)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     posts = assert_served(recorder, "/v1/chat/completions")
     assert_sticky_with_history(posts, stack.spec.workers.page_size)
+    assert_metrics_say_so(before, scrape(stack.url), "/v1/chat/completions")

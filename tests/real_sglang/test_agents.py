@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,9 +20,9 @@ import pytest
 
 from smetric_router.launch import ClusterSpec, RouterSpec, SglangSpec, Stack, WorkerSpec
 from tests.agents import clis
-from tests.agents.recorder import Recorder
+from tests.agents.recorder import Recorder, recording
 from tests.agents.sessions import assert_served
-from tests.prom import sample_sum
+from tests.prom import sample_sum, scrape
 from tests.real_sglang.conftest import MODEL, ROUTER_ARGS, require_sglang_env
 
 pytestmark = pytest.mark.sglang
@@ -47,15 +46,8 @@ def stack() -> Iterator[Stack]:
 
 @pytest.fixture
 async def recorder(stack: Stack) -> AsyncIterator[Recorder]:
-    r = Recorder(stack.url)
-    await r.start()
-    yield r
-    await r.stop()
-
-
-def _metrics(stack: Stack) -> str:
-    with urllib.request.urlopen(stack.url + "/metrics") as r:
-        return str(r.read().decode())
+    async with recording(stack.url) as r:
+        yield r
 
 
 async def test_claude_code_one_turn_on_real_sglang(
@@ -77,7 +69,7 @@ async def test_claude_code_one_turn_on_real_sglang(
     # Claude Code's continuations carry the answer so far: they stick to its cache
     for e in posts[1:]:
         assert e.reason == "sticky" and (e.cached_tokens or 0) >= posts[0].prompt_tokens // 16 * 16
-    dropped = sample_sum(_metrics(stack), "smetric_anthropic_dropped_total", field="thinking")
+    dropped = sample_sum(scrape(stack.url), "smetric_anthropic_dropped_total", field="thinking")
     assert dropped >= len(posts) >= 1
 
 
