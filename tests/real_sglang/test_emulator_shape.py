@@ -66,15 +66,6 @@ ALLOWED = (
             "the emulator's chat answers end their turn on <|im_end|> (finish stop, matched "
             "token id); the tiny random-weight model runs out of max_tokens (matched null)"),
     Allowed("chat*.body.choices[].matched_stop: null", "real", "as above"),
-    Allowed("responses*.body.incomplete_details*", "real",
-            "the tiny random-weight model runs out of max_output_tokens (status incomplete, "
-            "incomplete_details.reason max_output_tokens); the emulator's answers end their turn "
-            "(completed, null), as for chat's matched_stop"),
-    Allowed("responses*.body.incomplete_details: null", "emulator", "as above"),
-    Allowed("responses_stream.body[[]type=response.incomplete]*", "real",
-            "as above: the stream's last event is response.incomplete there"),
-    Allowed("responses_stream.body[[]type=response.completed]*", "emulator",
-            "as above: response.completed here"),
     Allowed("metrics.body.sglang:*", "real",
             "the emulator exports a subset of SGLang's Prometheus families, under the same "
             "names and types (a family only the emulator has is a failure)"),
