@@ -26,7 +26,7 @@ from smetric_router.emulator.chat import chat_prompt_ids
 from smetric_router.emulator.errors import BadRequest, InternalError, json_response
 from smetric_router.emulator.runner import EngineFailed, Tracked
 from smetric_router.emulator.tool_calls import Call, call_id, plan_call
-from smetric_router.features import anthropic_messages
+from smetric_router.features import anthropic_messages, anthropic_thinking
 from smetric_router.features.errors import FeatureError
 
 Json = dict[str, Any]
@@ -95,11 +95,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
         if not isinstance(model, str) or not model:
             raise BadRequest("model: Field required")
         n = _max_tokens(body)
-        thinking = body.get("thinking")
-        if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
-            raise BadRequest(
-                "Anthropic thinking is not supported for models without a reasoning parser"
-            )
+        if anthropic_thinking.enables_reasoning(body):  # no reasoning parser here
+            raise BadRequest(anthropic_thinking.REFUSAL)
         prompt, call = _prompt(em, body)
         sub = srv._Submission(em, body, prompt, n, end_turn=True, asked=True, call=call)
     except BadRequest as exc:

@@ -30,9 +30,10 @@ REFUSAL = "Anthropic thinking is not supported for models without a reasoning pa
 
 
 def enables_reasoning(body: Mapping[str, Any]) -> bool:
-    """Whether the body asks for reasoning (what a worker without a parser refuses)."""
+    """Whether the body asks for reasoning (what a worker without a parser refuses); a type
+    SGLang does not know is left for its validation to refuse."""
     thinking = body.get(THINKING)
-    return isinstance(thinking, dict) and thinking.get("type") != "disabled"
+    return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
 
 
 def drop_thinking(body: dict[str, Any]) -> list[str]:

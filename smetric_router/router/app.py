@@ -384,8 +384,7 @@ async def _generate(
             label = endpoint.value
             state.metrics.routed(label, api_responses.HOLDER_REASON)
             return await state.proxy.dispatch(request, label, raw, routed, started, label, stream)
-    if endpoint is Endpoint.MESSAGES and _drop_thinking(state, body, model):
-        raw = orjson.dumps(body)
+    edited = endpoint is Endpoint.MESSAGES and _drop_thinking(state, body, model)
     try:
         # A Messages or Responses request is routed as the chat request SGLang turns it into;
         # sent as it came.
@@ -398,7 +397,7 @@ async def _generate(
         features = router.hinted(features, request.headers, body)  # the client's own body
         probed = await router.probe(seen, model)  # None unless --cache-view probe
         l3 = await router.l3_lookup(features, model)  # 0 unless --l3-view
-        if strip_hint(body):
+        if strip_hint(body) or edited:
             raw = orjson.dumps(body)
         if state.pd is not None:
             pair = state.pd.route(features, model, probed, l3)
@@ -519,7 +518,7 @@ async def handle_list_workers(request: web.Request) -> web.Response:
                 continue
             st = state.hits.stats(w["url"])
             w["kv_pages"] = {"gpu": st.gpu_pages, "host": st.host_pages}
-            # The feed behind those pages (issue 12): is it up, and has it been failing?
+            # The feed behind those pages: is it up, and has it been failing?
             feed = state.kv_feeds.stats(w["url"]) if state.kv_feeds is not None else None
             if feed is not None:
                 w["kv_feed"] = {"connected": feed.connected, "stalls": feed.stalls,

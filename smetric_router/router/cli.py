@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not subscribe to the workers' KV events (cache hits then stay unknown)",
     )
-    # KV-event feed hardening (issue 12)
+    # KV-event feed hardening: whose feeds the router follows
     p.add_argument(
         "--trust-kv-endpoints",
         action="store_true",
@@ -406,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with 400 as SGLang refuses them; a huge prompt as soon as a prefix shows it too long. "
         "Default: the smallest max_model_len the workers' /v1/models report (unknown: no limit)",
     )
-    # Coding agents (issue 13)
+    # Coding agents: what the router reads from their requests
     agents = p.add_argument_group("coding agents", "what the router reads from agents' requests")
     agents.add_argument(
         "--no-session-hints",

@@ -37,6 +37,8 @@ def test_enabled_is_dropped_disabled_kept() -> None:
     enabled = {**CLAUDE_CODE, "thinking": {"type": "enabled", "budget_tokens": 2048}}
     assert enables_reasoning(enabled)
     assert THINKING in drop_thinking(enabled) and THINKING not in enabled
+    unknown = {"model": "m", "thinking": {"type": "later"}}  # SGLang's validation refuses it
+    assert not enables_reasoning(unknown) and drop_thinking(unknown) == []
     disabled = {"model": "m", "thinking": {"type": "disabled"}}
     assert not enables_reasoning(disabled)
     assert drop_thinking(disabled) == [] and disabled["thinking"] == {"type": "disabled"}
