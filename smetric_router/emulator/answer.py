@@ -94,6 +94,25 @@ class Answer:
         return "".join(self._words[start:end])
 
 
+class CallPieces:
+    """The streamed pieces of an answer's tool call (Call.fragments) its parser has whole as the
+    answer is emitted, each handed out once: (the name on the first piece, an arguments delta)."""
+
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
+        self._pieces = [] if answer.call is None else answer.call.fragments()
+        self.shown = 0  # pieces handed out
+
+    def new(self, n_out: int) -> list[tuple[str | None, str]]:
+        """The pieces complete after n_out emitted tokens not handed out yet."""
+        reach = len(self._answer.text_at(n_out))
+        out: list[tuple[str | None, str]] = []
+        while self.shown < len(self._pieces) and self._pieces[self.shown][0] <= reach:
+            out.append(self._pieces[self.shown][1:])
+            self.shown += 1
+        return out
+
+
 class OutputIds(Sequence[int]):
     """An answer's emitted ids: its text ids, then the end of turn if any; drawn when read."""
 

@@ -22,6 +22,7 @@ import orjson
 from aiohttp import web
 
 from smetric_router.emulator import server as srv
+from smetric_router.emulator.answer import CallPieces
 from smetric_router.emulator.chat import chat_prompt_ids
 from smetric_router.emulator.errors import BadRequest, InternalError, json_response
 from smetric_router.emulator.runner import EngineFailed, Tracked
@@ -133,14 +134,14 @@ async def messages(request: web.Request) -> web.StreamResponse:
             "usage": _usage(t, input_=True, output=True),
         }
 
-    pieces = [] if answer.call is None else answer.call.fragments()
+    pieces = CallPieces(answer)
 
-    def call_events(shown: int) -> tuple[int, list[tuple[str, Json]]]:
-        """The call's pieces its parser got whole by now, from the shown-th on."""
+    def call_events() -> list[tuple[str, Json]]:
+        """The events of the call's pieces its parser got whole by now, not yet sent."""
         out: list[tuple[str, Json]] = []
-        reach = len(answer.text_at(t.n_out))
-        while shown < len(pieces) and pieces[shown][0] <= reach and answer.call is not None:
-            _, name, delta = pieces[shown]
+        if answer.call is None:
+            return out
+        for name, delta in pieces.new(t.n_out):
             if name is not None:
                 out.append(("content_block_start", {"type": "content_block_start", "index": 0,
                             "content_block": tool_use(answer.call, {})}))  # fmt: skip
@@ -148,19 +149,17 @@ async def messages(request: web.Request) -> web.StreamResponse:
                 piece = {"type": "input_json_delta", "partial_json": delta}
                 event = {"type": "content_block_delta", "index": 0, "delta": piece}
                 out.append(("content_block_delta", event))
-            shown += 1
-        return shown, out
+        return out
 
     async def events() -> AsyncIterator[tuple[str, Json]]:
         started = opened = False
         sent = 0  # tokens whose text was sent
-        shown = 0  # call pieces sent
         async for _ in srv._progress(t):
             if t.error_status is not None:
                 break
             text = "" if answer.call is not None else answer.text_between(sent, t.n_out)
             sent = t.n_out
-            shown, call_parts = call_events(shown)
+            call_parts = call_events()
             if not started and (text or call_parts or t.done):
                 head = {"id": message_id, "type": "message", "role": "assistant",
                         "content": [], "model": model,

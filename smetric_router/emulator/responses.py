@@ -32,6 +32,7 @@ import orjson
 from aiohttp import web
 
 from smetric_router.emulator import server as srv
+from smetric_router.emulator.answer import CallPieces
 from smetric_router.emulator.chat import chat_prompt_ids
 from smetric_router.emulator.config import DEFAULT_OPENAI_MAX_TOKENS
 from smetric_router.emulator.errors import BadRequest, InternalError, json_response
@@ -243,17 +244,13 @@ async def create(request: web.Request) -> web.StreamResponse:
         opened = False
         sent = 0
         where = {"item_id": item_id, "output_index": 0}
-        pieces = [] if answer.call is None else answer.call.fragments()
-        shown = 0  # call pieces sent
+        pieces = CallPieces(answer)
         arguments = ""
         async for _ in srv._progress(t):
             if t.error_status is not None:
                 break
             if answer.call is not None:
-                reach = len(answer.text_at(t.n_out))
-                while shown < len(pieces) and pieces[shown][0] <= reach:
-                    _, name, delta = pieces[shown]
-                    shown += 1
+                for name, delta in pieces.new(t.n_out):
                     if name is not None:
                         added = function_call(answer.call, "", "in_progress")
                         yield {"item": added, "output_index": 0,
@@ -279,7 +276,9 @@ async def create(request: web.Request) -> web.StreamResponse:
             yield {"type": "response.failed", "response": failed}
             return
         whole = answer.text_at(t.n_out)
-        if shown and answer.call is not None:  # the call's item, closed as SGLang's stream ends
+        if (
+            pieces.shown and answer.call is not None
+        ):  # the call's item, closed as SGLang's stream ends
             done = function_call(answer.call, arguments, "completed")
             yield {"arguments": arguments, "item_id": fc_id, "name": answer.call.name,
                    "output_index": 0, "type": "response.function_call_arguments.done"}  # fmt: skip

@@ -27,7 +27,7 @@ from smetric_router.core.kv_events import KVCacheEvent
 from smetric_router.core.port_file import bound_port
 from smetric_router.emulator import loads as v1_loads
 from smetric_router.emulator import messages, replies, responses
-from smetric_router.emulator.answer import Answer, make_answer
+from smetric_router.emulator.answer import Answer, CallPieces, make_answer
 from smetric_router.emulator.chat import chat_prompt_ids
 from smetric_router.emulator.config import (
     DEFAULT_BOOTSTRAP_PORT,
@@ -707,17 +707,14 @@ async def _openai(
         (for a call: a chunk per piece its parser got whole), then a chunk carrying only the
         finish reason."""
         sent: int | None = None  # tokens whose text was sent
-        pieces = [] if answer.call is None else answer.call.fragments()
-        shown = 0  # pieces sent
+        pieces = CallPieces(answer)
         async for _ in _progress(t):
             if sent is None:
                 yield {**head(chunk_kind), "choices": [choice(delta("", role=True), False)]}
                 sent = 0
             if answer.call is not None:
-                reach = len(answer.text_at(t.n_out))
-                while shown < len(pieces) and pieces[shown][0] <= reach:
-                    yield call_delta(*pieces[shown][1:])
-                    shown += 1
+                for name, arguments in pieces.new(t.n_out):
+                    yield call_delta(name, arguments)
             else:
                 text = answer.text_between(sent, t.n_out)
                 if text:
