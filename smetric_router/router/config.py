@@ -37,7 +37,7 @@ class RouterConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     max_retries: int = 2
     kv_events: bool = True  # subscribe to the workers' KV events (off: hits stay 0)
-    # KV-event feed hardening (issue 12): follow a KV-event host a worker's /server_info names
+    # KV-event feed hardening: follow a KV-event host a worker's /server_info names
     # even when it is not the worker's own host (off: such a feed is refused).
     trust_kv_endpoints: bool = False
     # Where per-worker cache hits come from: "events" (KV-event index) or "probe" (ask each worker's
@@ -68,7 +68,7 @@ class RouterConfig:
     reuse_port: bool = False
     # On SIGTERM/SIGINT, open requests get this long to finish before they are ended.
     shutdown_grace_secs: float = 30.0
-    # Upstream hardening (issue 12: items 5, 6, 9). Connections to workers open at once (each a
+    # Upstream hardening. Connections to workers open at once (each a
     # file descriptor); 0 = half the open-file limit. Past it, requests wait for a free one.
     max_upstream_connections: int = 0
     # Retry a request whose worker dropped the connection after it was sent (it may have run).
@@ -85,7 +85,7 @@ class RouterConfig:
     forward_authorization: bool = False
     # Request limits: the served context length (None: the smallest the workers report).
     context_length: int | None = None
-    # Coding agents (issue 13): read the session id an agent sends (x-claude-code-session-id,
+    # Coding agents: read the session id an agent sends (x-claude-code-session-id,
     # session_id, x-session-affinity, prompt_cache_key...) as a hint the policy may use
     # (features/session_hint.py, policies/session_home.py).
     session_hints: bool = True

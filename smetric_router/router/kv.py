@@ -18,7 +18,7 @@ class FeedStats(Protocol):
     @property
     def decode_errors(self) -> int: ...
 
-    # KV-event feed hardening (issue 12)
+    # KV-event feed hardening: whose feeds are followed, and how they recover
     @property
     def stalls(self) -> int: ...
 
