@@ -18,7 +18,7 @@ class FeedStats(Protocol):
     @property
     def decode_errors(self) -> int: ...
 
-    # KV-event feed hardening: whose feeds are followed, and how they recover
+    # a silent feed noticed and reconnected, and one refused for naming a foreign host
     @property
     def stalls(self) -> int: ...
 
