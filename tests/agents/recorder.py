@@ -117,10 +117,12 @@ class Recorder:
                 resp.headers["content-encoding"] = up.headers["content-encoding"]
             await resp.prepare(request)
             body = bytearray()
+            client_left = False
             async for chunk in up.content.iter_any():
                 body += chunk
-                await resp.write(chunk)
-            await resp.write_eof()
+                client_left = client_left or not await _relay(resp, chunk)
+            if not client_left:
+                await _relay(resp, None)
         usage = usage_of(bytes(body)) if request.method == "POST" else None
         self.exchanges.append(
             Exchange(
@@ -135,6 +137,17 @@ class Recorder:
             )
         )
         return resp
+
+
+async def _relay(resp: web.StreamResponse, chunk: bytes | None) -> bool:
+    """Pass a chunk (None: the end) to the agent; False when it has gone. An agent may close as
+    soon as it has read its answer's last event, before the chunked stream's terminator: the
+    exchange is still recorded whole."""
+    try:
+        await (resp.write(chunk) if chunk is not None else resp.write_eof())
+    except ConnectionResetError:
+        return False
+    return True
 
 
 @contextlib.asynccontextmanager
