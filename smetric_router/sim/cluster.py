@@ -15,8 +15,10 @@ Per decision the router sees (same fields as the real router fills):
 - hit / gpu_hit: the local-tier (GPU, + host in hicache mode) and GPU-only prefix hit in that
   engine's radix cache;
 - load: requests in flight at the instance (routed and not finished), the router's own count;
-- turn: the trace's turn; est_hit: the leading blocks shared with the session's previous request,
-  in tokens (for a conversation that re-sends its history, the previous turn's input length);
+- turn / est_hit: what the router reads off the request itself, the assistant replies it carries
+  and its tokens through the last of them (TraceRequest.router_turn / history_len, written by the
+  generator or derived by the loaders from the request's parent in the file), never what the
+  replay has seen of its session (NOTES.md, "What a policy is fed");
 - text (cache_aware only): the block ids as characters, two per block, fed to the same TextTree
   the router keeps; its per-worker bound is sglang-router's 2^26 chars at ~4 chars per token;
 - tick: one per decision; entropy: from a random.Random(seed).
@@ -160,28 +162,19 @@ def router_features(
     req: TraceRequest,
     prompt_pages: list[int],
     page_size: int,
-    session_blocks: dict[str, tuple[int, ...]],
     text: str = "",
     session_hint: bool = False,
 ) -> RequestFeatures:
-    """The features the router would compute for a trace request: the trace's turn, and as
-    est_hit the tokens of the leading blocks shared with the session's previous request (which
-    session_blocks remembers and this call updates); session_hint: the trace's session id as the
-    agent's session header (SimConfig.session_hints)."""
-    prev = session_blocks.get(req.session)
-    shared = 0
-    if prev is not None:
-        for a, b in zip(prev, req.block_ids, strict=False):
-            if a != b:
-                break
-            shared += 1
-    session_blocks[req.session] = req.block_ids
+    """The features the router would compute for a trace request, from the request alone (never
+    from what the replay has seen): turn and est_hit as the router reads them off the history
+    the request carries (TraceRequest.router_turn / history_len); session_hint: the trace's
+    session id as the agent's session header (SimConfig.session_hints)."""
     return RequestFeatures(
         prompt_len=req.input_len,
         page_hashes=prompt_pages,
         page_size=page_size,
-        turn=req.turn,
-        est_hit=min(shared * req.block_size, req.input_len),
+        turn=req.router_turn,
+        est_hit=min(req.history_len, req.input_len),
         text=text,
         session_hint=req.session if session_hint else None,
     )
@@ -312,7 +305,6 @@ class Cluster:
         rng = random.Random(cfg.seed)
         ps = cfg.page_size
         session_first: dict[str, int] = {}
-        session_blocks: dict[str, tuple[int, ...]] = {}
         order = arrival_order(trace)
         if self.policy.uses_text_tree and trace:
             blocks = _TREE_CHARS // _CHARS_PER_TOKEN // trace[0].block_size
@@ -325,9 +317,7 @@ class Cluster:
             text = _block_text(req.block_ids) if self.text_tree is not None else ""
             hashes = mapper.pages(req, n)
             prompt_pages = hashes[: req.input_len // ps]
-            features = router_features(
-                req, prompt_pages, ps, session_blocks, text, cfg.session_hints
-            )
+            features = router_features(req, prompt_pages, ps, text, cfg.session_hints)
             idx = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
             if req.turn == 0:
                 session_first[req.session] = idx

@@ -211,7 +211,6 @@ class PdCluster:
         mapper = PageMapper(ps)
         rng = random.Random(self.cfg.seed)
         session_first: dict[str, int] = {}
-        session_blocks: dict[str, tuple[int, ...]] = {}
         order = arrival_order(trace)
         t0 = trace[order[0]].arrival_s if order else 0.0
         for n, i in enumerate(order):
@@ -220,9 +219,7 @@ class PdCluster:
             self._run_events(t)
             hashes = pages[n].tolist() if pages is not None else mapper.pages(req, n)
             prompt_pages = hashes[: req.input_len // ps]
-            features = router_features(
-                req, prompt_pages, ps, session_blocks, session_hint=self.cfg.session_hints
-            )
+            features = router_features(req, prompt_pages, ps, session_hint=self.cfg.session_hints)
             idx, hit = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
             if req.turn == 0:
                 session_first[req.session] = idx

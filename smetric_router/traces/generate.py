@@ -1,5 +1,11 @@
-"""Agentic trace generator: Bailian-schema JSONL plus a `trigger` field, calibrated to published
-agentic traces (paper §3; issue 14).
+"""Agentic trace generator: Bailian-schema JSONL plus `trigger`, `history_length` and
+`history_turns` fields, calibrated to published agentic traces (paper §3).
+
+Each request also says what a router reads off it: `history_length`, the prompt's tokens through
+its last assistant reply (the router's est_hit), and `history_turns`, the replies it carries (the
+router's turn). A compaction's prompt (system prompt + summary) carries none; a sub-agent's first
+request carries the replies in the part of its parent's context it re-uses. A follow-up whose
+parent fell before the window says the same as if the parent were in the file.
 
 Model. A root session starts with a *user* request: one of tens of agent-type system prompts
 (instructions + tool schemas of an agent framework) followed by the user's task. Then the agent
@@ -63,7 +69,7 @@ warm-up's sessions come on top.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -84,7 +90,7 @@ class GenConfig:
     block_size: int = 16
     rpm_per_instance: float = 43.0  # paper Finding 3.2, Trace 1
     instances: int = 32
-    templates: int = 40  # tens of agent types (issue 14; paper §3: one template per framework)
+    templates: int = 40  # tens of agent types (paper §3: one template per framework)
     template_zipf: float = 1.0
     template_tokens_median: float = 5_000.0  # a few K tokens of instructions + tool schemas
     template_tokens_sigma: float = 0.4
@@ -131,16 +137,18 @@ _Runs = list[tuple[int, int]]
 
 @dataclass(slots=True)
 class _Context:
-    """A growing prompt: its full blocks' id runs and the token count of its partial last block."""
+    """A growing prompt: its full blocks' id runs, the token count of its partial last block, and
+    where (in tokens) each assistant reply in it ends: what a router reads off the prompt."""
 
     runs: _Runs
     blocks: int = 0
     tail: int = 0
+    replies: list[int] = field(default_factory=list)
 
     def copy(self) -> _Context:
-        return _Context(runs=list(self.runs), blocks=self.blocks, tail=self.tail)
+        return _Context(list(self.runs), self.blocks, self.tail, list(self.replies))
 
-    def prefix(self, blocks: int) -> _Context:
+    def prefix(self, blocks: int, block_size: int) -> _Context:
         runs: _Runs = []
         left = blocks
         for start, n in self.runs:
@@ -148,7 +156,8 @@ class _Context:
                 break
             runs.append((start, min(n, left)))
             left -= n
-        return _Context(runs=runs, blocks=blocks)
+        kept = [end for end in self.replies if end <= blocks * block_size]
+        return _Context(runs=runs, blocks=blocks, replies=kept)
 
 
 @dataclass(slots=True)
@@ -161,6 +170,8 @@ class _Req:
     trigger: str
     runs: _Runs  # the context's runs (it grows later); this request's full blocks are a prefix
     partial: int  # id of the partial last block, -1 when none
+    history_len: int  # tokens through the prompt's last assistant reply (the router's est_hit)
+    history_turns: int  # assistant replies in the prompt (the router's turn)
 
 
 class _Gen:
@@ -194,6 +205,11 @@ class _Gen:
         self.next_id += n
         return first
 
+    def replied(self, ctx: _Context, out: int, then: int) -> _Context:
+        """`ctx` with the assistant's reply of `out` tokens and `then` tokens after it."""
+        ctx.replies.append(ctx.blocks * self.cfg.block_size + ctx.tail + out)
+        return self.grown(ctx, out + then)
+
     def grown(self, ctx: _Context, n: int) -> _Context:
         """`ctx` with `n` more tokens (in place): the partial block and new ones get fresh ids."""
         total = ctx.tail + n
@@ -220,6 +236,8 @@ class _Gen:
                 trigger=trigger,
                 runs=ctx.runs,
                 partial=self.new_ids(1) if ctx.tail else -1,
+                history_len=ctx.replies[-1] if ctx.replies else 0,
+                history_turns=len(ctx.replies),
             )
         )
         return len(self.reqs) - 1, out
@@ -257,7 +275,7 @@ class _Gen:
                 if self.rng.random() < c.resume_p:
                     gap = self.lognormal(c.resume_gap_median_s, c.resume_gap_sigma)
                 t += out * c.decode_s_per_token + gap
-                self.grown(ctx, out + self.tokens(c.user_tokens_median, c.user_tokens_sigma))
+                self.replied(ctx, out, self.tokens(c.user_tokens_median, c.user_tokens_sigma))
                 turn += 1
                 key, out = self.emit(t, ctx, key, turn, "user")
             for _ in range(self.count(loop_median)):
@@ -273,7 +291,7 @@ class _Gen:
                     key, out = self.emit(t, ctx, key, turn, "compaction")
                     continue
                 tool = self.tokens(c.tool_tokens_median, c.tool_tokens_sigma, c.tool_tokens_max)
-                self.grown(ctx, out + tool)
+                self.replied(ctx, out, tool)
                 key, out = self.emit(t, ctx, key, turn, "agent")
                 if trigger == "user" and self.rng.random() < c.fork_p:
                     t = max(t, self.fork(t + out * c.decode_s_per_token, ctx, system, turn))
@@ -285,7 +303,7 @@ class _Gen:
         end = t
         for _ in range(int(self.rng.integers(1, c.fork_children_max + 1))):
             share = c.fork_prefix_min + (1.0 - c.fork_prefix_min) * float(self.rng.random())
-            child = parent.prefix(max(1, round(parent.blocks * share)))
+            child = parent.prefix(max(1, round(parent.blocks * share)), c.block_size)
             self.grown(child, self.tokens(c.subtask_tokens_median, 1.0))
             start = t + float(self.rng.uniform(0.1, 1.0))
             end = max(
@@ -348,6 +366,8 @@ def generate(cfg: GenConfig, out: str | Path) -> int:
                     "type": "text",
                     "turn": r.turn,
                     "trigger": r.trigger,
+                    "history_length": r.history_len,
+                    "history_turns": r.history_turns,
                 }
             )
             arr = arrays.get(id(r.runs))

@@ -5,7 +5,10 @@ hash_ids`; generated traces add `trigger`): a session is a chain of requests lin
 `parent_chat_id` (-1, null or absent = a root); the root's `chat_id` is the session id. A parent
 missing from the file (a trace cut out of a longer window) stands in for the root. The turn comes
 from the `turn` field when present (1-based in the public trace: the file's smallest turn is taken
-as turn 0), else from the chain depth.
+as turn 0), else from the chain depth. What the router reads off each request (TraceRequest's
+history_len / history_turns) comes from `history_length` / `history_turns` where the file has them
+(generated traces), else from the parent in the file (see `carried_history`; a follow-up whose
+parent is missing from the file then carries none that the simulator can know of).
 
 Mooncake (`timestamp` in ms, `input_length, output_length`, `hash_ids` of 512-token blocks, no
 session fields): hash ids are prefix-chained (an id names a block together with everything before
@@ -19,6 +22,8 @@ it), so the requests form a prefix tree. Sessions are inferred from it:
   request holding that block and its turn is the parent's plus one;
 - otherwise it starts a new session (turn 0) whose id is its own request id.
 
+What the router reads off a request is derived from its parent (`carried_history`).
+
 A conversation re-sends its history, so turn k+1 shares all of turn k's full blocks; sibling
 branches of one conversation (retries, parallel calls) stay far below the default fan-out of 32,
 while the conversation trace's one system-prompt block is followed by thousands of others.
@@ -27,6 +32,8 @@ while the conversation trace's one system-prompt block is followed by thousands 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,6 +112,35 @@ def _check_blocks(
         )
 
 
+def carried_history(ids: tuple[int, ...], input_len: int, parent: TraceRequest | None) -> int:
+    """A request's est_hit as the router computes it (its prompt through the last assistant
+    reply), from the parent in the file: a conversation re-sends its parent's prompt and reply, so
+    a request that extends all of its parent's full blocks carries both; one that branches off
+    (a sub-agent, a compaction) carries the blocks it shares with it."""
+    if parent is None:
+        return 0
+    shared = 0
+    for a, b in zip(parent.block_ids, ids, strict=False):
+        if a != b:
+            break
+        shared += 1
+    if shared >= parent.input_len // parent.block_size:
+        return min(parent.input_len + parent.output_len, input_len)
+    return shared * parent.block_size
+
+
+def with_carried_history(reqs: Sequence[TraceRequest]) -> list[TraceRequest]:
+    """`reqs` with each request's est_hit derived from its parent among them (carried_history),
+    for traces built in memory; requests that say theirs already keep it."""
+    by_id = {r.req_id: r for r in reqs}
+    return [
+        r
+        if r.history_len or r.parent not in by_id
+        else replace(r, history_len=carried_history(r.block_ids, r.input_len, by_id[r.parent]))
+        for r in reqs
+    ]
+
+
 def _by_arrival(rows: list[tuple[float, int, dict[str, Any]]]) -> None:
     # Stable: equal timestamps keep file order, so a parent logged first stays first.
     rows.sort(key=lambda r: r[0])
@@ -120,6 +156,7 @@ def load_bailian(path: str | Path, block_size: int = 16) -> list[TraceRequest]:
     turn_base = min(t for t in turns if isinstance(t, int)) if turns else 0
     session_of: dict[str, str] = {}
     depth_of: dict[str, int] = {}
+    by_id: dict[str, TraceRequest] = {}
     out: list[TraceRequest] = []
     for ts, no, obj in rows:
         chat = obj.get("chat_id")
@@ -149,20 +186,30 @@ def load_bailian(path: str | Path, block_size: int = 16) -> list[TraceRequest]:
         trigger = obj.get("trigger")
         if trigger is not None and trigger not in TRIGGERS:
             raise TraceError(path, no, f"field 'trigger' must be in {TRIGGERS}, got {trigger!r}")
-        out.append(
-            TraceRequest(
-                req_id=req_id,
-                arrival_s=ts,
-                session=session,
-                parent=parent,
-                turn=turn,
-                input_len=input_len,
-                output_len=_int(path, no, obj, "output_length"),
-                block_ids=ids,
-                block_size=block_size,
-                trigger=trigger,
-            )
+        history_turns = None
+        if "history_length" in obj:
+            history = _int(path, no, obj, "history_length")
+            if history > input_len:
+                raise TraceError(path, no, f"history_length {history} > input_length {input_len}")
+            history_turns = _int(path, no, obj, "history_turns")
+        else:
+            history = carried_history(ids, input_len, by_id.get(parent or ""))
+        req = TraceRequest(
+            req_id=req_id,
+            arrival_s=ts,
+            session=session,
+            parent=parent,
+            turn=turn,
+            input_len=input_len,
+            output_len=_int(path, no, obj, "output_length"),
+            block_ids=ids,
+            block_size=block_size,
+            trigger=trigger,
+            history_len=history,
+            history_turns=history_turns,
         )
+        by_id[req_id] = req
+        out.append(req)
     return out
 
 
@@ -222,6 +269,7 @@ def load_mooncake(path: str | Path, template_fanout: int = 32) -> list[TraceRequ
                 output_len=output_len,
                 block_ids=ids,
                 block_size=MOONCAKE_BLOCK_SIZE,
+                history_len=carried_history(ids, input_len, out[int(parent)] if parent else None),
             )
         )
     return out

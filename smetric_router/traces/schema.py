@@ -14,6 +14,10 @@ class TraceRequest:
     session / turn: the session this request belongs to and its 0-based position in it (turn 0 =
         first request). Loaders infer them where the format does not carry them.
     trigger: "agent", "user" or "compaction" where known (generated traces), else None.
+    history_len / history_turns: what the router reads off the request itself: the leading prompt
+        tokens of the history it carries, through its last assistant message (est_hit), and that
+        history's assistant messages (the router's turn; None: `turn`). A follow-up whose earlier
+        turns fell before the trace's window carries them all the same.
     """
 
     req_id: str
@@ -26,3 +30,10 @@ class TraceRequest:
     block_ids: tuple[int, ...]
     block_size: int
     trigger: str | None = None
+    history_len: int = 0
+    history_turns: int | None = None
+
+    @property
+    def router_turn(self) -> int:
+        """The turn the router infers from the request (assistant messages it carries)."""
+        return self.turn if self.history_turns is None else self.history_turns

@@ -84,8 +84,9 @@ async def test_claude_code_one_turn_on_real_sglang(
     # (no usage check: SGLang's Messages stream reports input_tokens 0 when the answer is empty,
     # its end of turn sampled first, which half of the terse model's answers are)
     assert posts[0].reason == "first-turn-balance", posts
-    # a continuation (after an answer that ran into the cap) carries the answer so far: sticky
-    assert all(e.reason == "sticky" for e in posts[1:]), posts
+    # a continuation (after an answer that ran into the cap) carries the answer so far: sticky;
+    # a retry after an empty answer, or a side query, starts over: balanced
+    assert {e.reason for e in posts} <= {"first-turn-balance", "sticky"}, posts
     dropped = sample_sum(scrape(stack.url), "smetric_anthropic_dropped_total", field="thinking")
     assert dropped >= len(posts) >= 1
 

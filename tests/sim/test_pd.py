@@ -27,7 +27,13 @@ BS = 16
 
 
 def _req(
-    rid: str, t: float, session: str, turn: int, blocks: tuple[int, ...], output_len: int = 50
+    rid: str,
+    t: float,
+    session: str,
+    turn: int,
+    blocks: tuple[int, ...],
+    output_len: int = 50,
+    history: int = 0,
 ) -> TraceRequest:
     return TraceRequest(
         req_id=rid,
@@ -39,6 +45,7 @@ def _req(
         output_len=output_len,
         block_ids=blocks,
         block_size=BS,
+        history_len=history,
     )
 
 
@@ -62,7 +69,8 @@ def test_follow_up_sticks_to_its_sessions_prefill_instance() -> None:
     for s in range(4):
         first = _blocks(s + 1, 40)
         trace.append(_req(f"s{s}t0", 0.01 * s, f"s{s}", 0, first))
-        trace.append(_req(f"s{s}t1", 5 + 0.01 * s, f"s{s}", 1, first + _blocks(s + 11, 8)))
+        follow_up = first + _blocks(s + 11, 8)  # carries the first turn's prompt and reply
+        trace.append(_req(f"s{s}t1", 5 + 0.01 * s, f"s{s}", 1, follow_up, history=40 * BS + 50))
     res = _run("smetric", trace, 4)
     firsts = [r.instance for r in res.records if r.turn == 0]
     assert sorted(firsts) == [0, 1, 2, 3]

@@ -15,6 +15,7 @@ from smetric_router.sim.__main__ import main, run
 from smetric_router.sim.cluster import Cluster, RequestRecord, RunResult, router_features
 from smetric_router.sim.config import SimConfig, Slo
 from smetric_router.sim.metrics import summarize
+from smetric_router.traces.loaders import with_carried_history
 from smetric_router.traces.schema import TraceRequest
 
 BS = 16
@@ -42,7 +43,7 @@ def _sessions(n_sessions: int, turns: int, gap_s: float = 5.0) -> list[TraceRequ
                     block_size=BS,
                 )
             )
-    return out
+    return with_carried_history(out)
 
 
 def _placement(policy: str, trace: list[TraceRequest]) -> dict[str, list[int]]:
@@ -166,11 +167,9 @@ def test_cli_rejects_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_session_hints_carry_the_trace_session_only_when_asked() -> None:
     trace = _sessions(1, 2)
-    plain: dict[str, tuple[int, ...]] = {}
-    hinted: dict[str, tuple[int, ...]] = {}
     for req in trace:
-        assert router_features(req, [], BS, plain).session_hint is None
-        assert router_features(req, [], BS, hinted, session_hint=True).session_hint == "s0"
+        assert router_features(req, [], BS).session_hint is None
+        assert router_features(req, [], BS, session_hint=True).session_hint == "s0"
     # a run with hints: each session's first turn goes to its home among the idle instances
     cfg = replace(SMALL, session_hints=True)
     trace = [replace(r, arrival_s=r.arrival_s * 100) for r in _sessions(6, 1)]  # one at a time

@@ -17,6 +17,7 @@ from smetric_router.sim import cluster
 from smetric_router.sim.__main__ import main
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.tiers import Tiers, prefetch_timeout_s
+from smetric_router.traces.loaders import with_carried_history
 from smetric_router.traces.schema import TraceRequest
 from tests.sim.test_sim import _write
 
@@ -256,7 +257,7 @@ def _trace(sessions: int, turns: int) -> list[TraceRequest]:
                     block_size=PS,
                 )
             )
-    return out
+    return with_carried_history(out)
 
 
 @pytest.mark.parametrize("policy", ["best_effort", "wait_complete", "timeout"])
