@@ -15,6 +15,8 @@ Per decision the router sees (same fields as the real router fills):
 - hit / gpu_hit: the local-tier (GPU, + host in hicache mode) and GPU-only prefix hit in that
   engine's radix cache;
 - load: requests in flight at the instance (routed and not finished), the router's own count;
+- running: the engine's running batch as the step in flight left it (admitted, not finished:
+  the batch size its /v1/loads would report), without the requests still waiting;
 - turn: the trace's turn; est_hit: the leading blocks shared with the session's previous request,
   in tokens (for a conversation that re-sends its history, the previous turn's input length);
 - text (cache_aware only): the block ids as characters, two per block, fed to the same TextTree
@@ -370,6 +372,7 @@ class Cluster:
                 WorkerView(
                     url=url,
                     load=self._load[i],
+                    running=inst.engine.num_running_reqs,
                     hit=(gpu + host) * ps,
                     gpu_hit=gpu * ps,
                     text_match=text_match.get(url, 0),
