@@ -88,6 +88,7 @@ ROUTERS: dict[str, RouterDef] = {
     "smetric": RouterDef("smetric", "smetric"),
     "smetric/bailian": RouterDef("smetric", "bailian"),
     "smetric/lmetric": RouterDef("smetric", "lmetric"),
+    "smetric/lmetric-inflight": RouterDef("smetric", "lmetric-inflight"),
     "smetric/load_balance": RouterDef("smetric", "load_balance"),
     "smetric/cache_aware": RouterDef("smetric", "cache_aware"),
     "smg/cache_aware": RouterDef("smg", "cache_aware"),

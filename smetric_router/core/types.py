@@ -68,6 +68,9 @@ class WorkerView:
         off), None when the tier's state is unknown (master unreachable): never read as a miss.
     load: the load signal: in-flight requests under PD colocation, unprefilled tokens for PD
         prefill instances, tokens in use for PD decode instances.
+    running: the requests the worker itself reports running (its running batch, without its
+        waiting queue); None when unknown (no fresh report) and for PD instances, whose load
+        signal is tokens, not requests.
     text_match / text_tree_size: the approximate text tree of the `cache_aware` baseline (chars).
     """
 
@@ -79,6 +82,7 @@ class WorkerView:
     healthy: bool = True
     text_match: int = 0
     text_tree_size: int = 0
+    running: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

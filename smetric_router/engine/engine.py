@@ -188,6 +188,11 @@ class Engine:
         return bool(self._waiting or self._running)
 
     @property
+    def num_running_reqs(self) -> int:
+        """The running batch (admitted, not finished), as /v1/loads reports it."""
+        return len(self._running)
+
+    @property
     def prefill_tokens_computed(self) -> int:
         """Prompt tokens computed so far (not served from any cache tier)."""
         return self._uncached_total
@@ -456,7 +461,7 @@ class Engine:
         seconds = sum(d for d, _ in window)
         tokens = sum(n for _, n in window)
         return LoadSnapshot(
-            num_running_reqs=len(self._running),
+            num_running_reqs=self.num_running_reqs,
             num_waiting_reqs=len(self._waiting),
             num_waiting_uncached_tokens=sum(r.uncached_at_arrival for r in self._waiting),
             num_used_tokens=used,

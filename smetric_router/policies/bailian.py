@@ -4,7 +4,7 @@ The paper (§4.1) defines f = (1-λ)·l̂_i + λ·(1-ĉ_i): ĉ_i the KV hit rati
 batch size, λ large for agentic workloads. Here ĉ_i = local hit / prompt length (WorkerView.hit:
 the GPU tier in the simulator's paper mode, GPU + host in its hicache mode) and l̂_i = load /
 the largest load among the candidates. Deviations: the load is the router's in-flight count
-(running batch + waiting queue; unprefilled tokens under PD), as for LMetric (lmetric.py); the
+(running batch + waiting queue; unprefilled tokens under PD), as for lmetric-inflight; the
 paper does not say how Bailian normalises the batch size, and max-normalisation is our choice
 (it keeps l̂ in [0, 1] like ĉ). λ = 0.6 (PolicyParams.bailian_lambda, swept in
 benchmarks/results/bailian_lambda.md).

@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=_D.load_poll_interval_secs,
         help="how often each worker's GET /v1/loads is read; policies see "
-        "max(router in-flight, reported running + waiting requests)",
+        "max(router in-flight, reported running + waiting requests); lmetric reads the "
+        "reported running requests alone",
     )
     p.add_argument(
         "--health-check-interval-secs",

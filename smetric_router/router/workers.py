@@ -17,6 +17,11 @@ failed poll) is ignored. What is counted depends on the role (summed over DP ran
   while ours wait in bootstrap, other routers' tokens count only beyond our own.
 - PD decode: KV tokens in use; own = prompt tokens of requests in flight; reported =
   num_used_tokens.
+
+Running batch (WorkerView.running, LMetric's batch size): a colocated worker's reported
+num_running_reqs as it stands in the last fresh report, with no own count mixed in, since the
+router cannot tell which of its dispatches the engine has admitted; None without a fresh report
+(or with no num_running_reqs in it) and for PD instances, whose load is counted in tokens.
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ class Worker:
     inflight: int = 0
     tokens: int = 0  # PD: the router's own token count (see the load rule above)
     reported_load: float | None = None
+    reported_running: int | None = None  # colocated: num_running_reqs of the last report
     reported_at: float = 0.0
     own_at_report: int = 0
     page_size: int | None = None
@@ -129,6 +135,11 @@ class Worker:
             return float(self.own)
         return self.own + max(0.0, self.reported_load - self.own_at_report)
 
+    def running(self, now: float, max_age: float) -> int | None:
+        if self.role is not Role.WORKER or now - self.reported_at > max_age:
+            return None
+        return self.reported_running
+
     def describe(self, now: float, max_age: float) -> dict[str, Any]:
         out: dict[str, Any] = {
             "url": self.url,
@@ -137,6 +148,7 @@ class Worker:
             "inflight": self.inflight,
             "load": self.load(now, max_age),
             "reported_load": self.reported_load,
+            "running": self.running(now, max_age),
             "page_size": self.page_size,
             "models": sorted(self.models),
             "context_length": self.context_length,
@@ -432,18 +444,23 @@ class WorkerRegistry:
             data = None
         loads = data.get("loads") if isinstance(data, dict) else None
         if not isinstance(loads, list):
-            w.reported_load = None
+            w.reported_load = w.reported_running = None
             return
         field = _REPORTED_TOKENS.get(w.role)
         total = 0.0
+        running: int | None = None
         for entry in loads:
             if not isinstance(entry, dict):
                 continue
+            n = entry.get("num_running_reqs")
+            if isinstance(n, int) and not isinstance(n, bool):
+                running = (running or 0) + n
             if field is None:
                 total += float(entry.get("num_running_reqs") or 0)
                 total += float(entry.get("num_waiting_reqs") or 0)
             else:
                 total += float(entry.get(field) or 0)
         w.reported_load = total
+        w.reported_running = running
         w.reported_at = time.monotonic()
         w.own_at_report = w.own

@@ -12,6 +12,8 @@ builds (router/workers.py, router/pd.py):
   ends (the step that emits its first token). The router's own count is exact for one router, so
   the worker-reported `num_waiting_uncached_tokens` correction (other router replicas' load) is
   not modelled;
+- running stays None, as in the router's PD views: LMetric then scores by the unprefilled
+  tokens (policies/lmetric.py);
 - SMetric's overload slack is in tokens (the router's --prefill-overload-slack, default 4096);
 - hit / gpu_hit, turn and est_hit as in the colocated simulator (sim/cluster.py).
 

@@ -24,8 +24,9 @@ def stack(make_stack: StackFactory) -> Stack:
 
 
 def test_every_policy_but_smetric_is_a_baseline() -> None:
-    assert set(BASELINES) == {"bailian", "lmetric", "load_balance", "least_tokens", "cache_aware",
-                              "round_robin", "random", "power_of_two"}  # fmt: skip
+    assert set(BASELINES) == {"bailian", "lmetric", "lmetric-inflight", "load_balance",
+                              "least_tokens", "cache_aware", "round_robin", "random",
+                              "power_of_two"}  # fmt: skip
 
 
 @pytest.mark.parametrize("policy", BASELINES)

@@ -1,4 +1,6 @@
-"""Builder fixtures: `cluster(w(load=3, hit=64), w(load=1))` is a view of workers w0, w1."""
+"""Builder fixtures: `cluster(w(load=3, hit=64), w(load=1))` is a view of workers w0, w1.
+
+running defaults to None (no report), as in a view built before the first /v1/loads poll."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ def w(
     text_match: int = 0,
     tree: int = 0,
     l3: int | None = 0,
+    running: int | None = None,
 ) -> WorkerView:
     return WorkerView(
         url="",
@@ -24,6 +27,7 @@ def w(
         healthy=healthy,
         text_match=text_match,
         text_tree_size=tree,
+        running=running,
     )
 
 

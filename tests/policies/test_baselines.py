@@ -11,6 +11,7 @@ def test_registry_lists_every_policy_and_rejects_unknown_names() -> None:
         "smetric",
         "bailian",
         "lmetric",
+        "lmetric-inflight",
         "load_balance",
         "least_tokens",
         "cache_aware",
@@ -40,12 +41,49 @@ def test_bailian_prefers_hit_unless_load_dominates() -> None:
     assert load_heavy.decide(req(1000), cluster(w(4, 900), w(0, 0))).worker == "w1"
 
 
-def test_lmetric_scores_uncached_tokens_times_load() -> None:
-    lm = make_policy("lmetric")
-    # w0: (1000-900)*(4+1)=500 ; w1: 1000*1 = 1000
+def test_lmetric_inflight_scores_uncached_tokens_times_inflight_plus_one() -> None:
+    lm = make_policy("lmetric-inflight")
+    # w0: (1000-900)*(4+1)=500 ; w1: 1000*(0+1) = 1000
     assert lm.decide(req(1000), cluster(w(4, 900), w(0, 0))).worker == "w0"
     # w0: 100*(12+1)=1300 > 1000
     assert lm.decide(req(1000), cluster(w(12, 900), w(0, 0))).worker == "w1"
+    # the reported running batch plays no part: the in-flight count (queue included) does
+    view = cluster(w(4, 900, running=0), w(0, 0, running=9))
+    d = lm.decide(req(1000), view)
+    assert (d.worker, d.reason) == ("w0", "lmetric-inflight")
+
+
+def test_lmetric_prefers_an_idle_instance_over_a_busy_one_with_a_better_hit() -> None:
+    lm = make_policy("lmetric")
+    # w0: (1000-900)*4 = 400 ; w1: 1000*0 = 0: the plain product, as the paper defines it
+    d = lm.decide(req(1000), cluster(w(4, 900, running=4), w(0, 0, running=0)))
+    assert (d.worker, d.reason) == ("w1", "lmetric")
+    # idle instances tie at 0 whatever their hits and are taken round-robin by the view's tick
+    picks = [
+        lm.decide(req(1000), cluster(w(0, 900, running=0), w(0, 0, running=0), tick=t)).worker
+        for t in range(2)
+    ]
+    assert sorted(picks) == ["w0", "w1"]
+
+
+def test_lmetric_counts_the_running_batch_not_the_queue() -> None:
+    lm = make_policy("lmetric")
+    # w0 has 20 in flight but only 2 running (18 queued): 100*2 = 200 < w1's 1000*1
+    assert lm.decide(req(1000), cluster(w(20, 900, running=2), w(1, 0, running=1))).worker == "w0"
+    # with 12 running its score 1200 loses, whatever the in-flight counts say
+    assert lm.decide(req(1000), cluster(w(12, 900, running=12), w(30, 0, running=1))).worker == "w1"
+
+
+def test_lmetric_falls_back_to_the_inflight_count_when_running_is_unknown() -> None:
+    lm = make_policy("lmetric")
+    # w0 unknown: 100*4 = 400 (in flight, no + 1) < w1's 1000*1
+    assert lm.decide(req(1000), cluster(w(4, 900), w(9, 0, running=1))).worker == "w0"
+    # w0 unknown: 100*12 = 1200 > 1000
+    assert lm.decide(req(1000), cluster(w(12, 900), w(0, 0, running=1))).worker == "w1"
+    # a hit beyond the prompt scores 0, not below: it ties with the idle instance
+    tied = {lm.decide(req(1000), cluster(w(3, 2000), w(5, 0, running=0), tick=t)).worker
+            for t in range(2)}  # fmt: skip
+    assert tied == {"w0", "w1"}
 
 
 def test_cache_aware_follows_text_match_when_balanced() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
+from smetric_router.core.types import RequestFeatures
 from tests.router.conftest import MakeRouter, MakeWorker, eventually
 from tests.router.fakes import free_port
 
@@ -148,3 +149,34 @@ async def test_reported_load_steers_balance(
         async with s.get(router.url + "/workers") as resp:
             loads = {w["url"]: w["load"] for w in (await resp.json())["workers"]}
     assert loads[a.url] == 7.0
+
+
+async def test_reported_running_batch_fills_the_view(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    a, b = await make_worker("a"), await make_worker("b")
+    # a: idle batch, 7 queued; b: 3 running, none queued (both e.g. another replica's)
+    a.running_reqs, a.waiting_reqs = 0, 7
+    b.running_reqs, b.waiting_reqs = 3, 0
+    router = await make_router([a.url, b.url], load_poll_interval_secs=0.05, policy="lmetric")
+    registry = router.state.registry
+    await eventually(lambda: registry.workers[b.url].reported_running == 3)
+    await eventually(lambda: registry.workers[a.url].reported_load == 7)
+    features = RequestFeatures(prompt_len=100, page_hashes=(), page_size=16, turn=0, est_hit=0)
+    view = router.state.router.snapshot(features, None)
+    assert {v.url: (v.running, v.load) for v in view.workers} == {
+        a.url: (0, 7.0),
+        b.url: (3, 3.0),
+    }
+    async with aiohttp.ClientSession() as s:
+        async with s.get(router.url + "/workers") as resp:
+            running = {w["url"]: w["running"] for w in (await resp.json())["workers"]}
+        assert running == {a.url: 0, b.url: 3}
+        # the paper's LMetric: a's batch is empty (its queue does not count), so a scores 0
+        async with s.post(router.url + "/v1/chat/completions", json=CHAT) as resp:
+            assert resp.headers["x-smetric-worker"] == a.url
+            assert resp.headers["x-smetric-reason"] == "lmetric"
+    # a worker whose reports stop coming is unknown again, not idle
+    registry.workers[a.url].reported_at -= 10 * registry.max_load_age
+    view = router.state.router.snapshot(features, None)
+    assert {v.url: v.running for v in view.workers} == {a.url: None, b.url: 3}

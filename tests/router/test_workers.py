@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from smetric_router.router.workers import Worker, models_of, normalize_url, page_size_of
+from smetric_router.router.workers import (
+    Role,
+    Worker,
+    models_of,
+    normalize_url,
+    page_size_of,
+)
 
 
 def test_load_is_own_inflight_plus_the_foreign_share_of_a_fresh_report() -> None:
@@ -21,6 +27,16 @@ def test_load_is_own_inflight_plus_the_foreign_share_of_a_fresh_report() -> None
     assert w.load(now=100.0, max_age=3.0) == 0.0  # the report never lowers our own count
     w.inflight = 1
     assert w.load(now=110.0, max_age=3.0) == 1.0  # a stale report is ignored
+
+
+def test_running_is_the_fresh_reported_batch_of_a_colocated_worker() -> None:
+    w = Worker("http://w", inflight=3)
+    assert w.running(now=100.0, max_age=3.0) is None  # nothing reported yet: unknown, not 0
+    w.reported_running, w.reported_at = 2, 99.0
+    assert w.running(now=100.0, max_age=3.0) == 2  # the report alone: one of ours is queued
+    assert w.running(now=110.0, max_age=3.0) is None  # a stale report is unknown
+    p = Worker("http://p", role=Role.PREFILL, reported_running=2, reported_at=99.0)
+    assert p.running(now=100.0, max_age=3.0) is None  # PD: the load is tokens
 
 
 def test_page_size_prefers_the_kv_event_block_size() -> None:

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from smetric_router.core.types import ClusterView, Decision, RequestFeatures
 from smetric_router.policies import make_policy
 from smetric_router.policies.session_home import rank
 from smetric_router.sim.__main__ import main, run
 from smetric_router.sim.cluster import Cluster, RequestRecord, RunResult, router_features
 from smetric_router.sim.config import SimConfig, Slo
 from smetric_router.sim.metrics import summarize
+from smetric_router.sim.pd import PdCluster, pd_params
 from smetric_router.traces.loaders import with_carried_history
 from smetric_router.traces.schema import TraceRequest
 
@@ -53,6 +55,46 @@ def _placement(policy: str, trace: list[TraceRequest]) -> dict[str, list[int]]:
     for rec, i in zip(res.records, order, strict=True):
         by_session.setdefault(trace[i].session, []).append(rec.instance)
     return by_session
+
+
+class _BatchSpy:
+    """round_robin, noting per decision each view's (running, load) beside what the instance's
+    engine reports running (its /v1/loads num_running_reqs) at that moment."""
+
+    name = "batch-spy"
+    uses_text_tree = False
+
+    def __init__(self) -> None:
+        self.inner = make_policy("round_robin")
+        self.cluster: Cluster | PdCluster | None = None
+        self.seen: list[tuple[int | None, float, int]] = []
+
+    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+        assert self.cluster is not None
+        for v, inst in zip(view.workers, self.cluster.instances, strict=True):
+            self.seen.append((v.running, v.load, inst.engine.load().num_running_reqs))
+        return self.inner.decide(features, view)
+
+
+def test_the_views_running_is_the_engines_running_batch() -> None:
+    # 2 running slots per instance and 4 sessions' turns in flight together: some wait queued
+    cfg = replace(SMALL, instances=2, max_running_requests=2)
+    spy = _BatchSpy()
+    spy.cluster = Cluster(cfg, spy, math.inf)
+    spy.cluster.run(_sessions(6, 3, gap_s=0.05))
+    assert spy.seen
+    assert all(running == engine for running, _, engine in spy.seen)
+    assert any(running and running > 0 for running, _, _ in spy.seen)
+    # queued requests are in flight for the router but not in the batch
+    assert any(running is not None and running < load for running, load, _ in spy.seen)
+
+
+def test_pd_views_carry_no_running_count() -> None:
+    cfg = pd_params(replace(SMALL, instances=2))
+    spy = _BatchSpy()
+    spy.cluster = PdCluster(cfg, spy, math.inf)
+    spy.cluster.run(_sessions(2, 2))
+    assert spy.seen and all(running is None for running, _, _ in spy.seen)
 
 
 def test_smetric_spreads_first_turns_and_sticks_follow_ups() -> None:
