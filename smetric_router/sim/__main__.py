@@ -5,6 +5,8 @@ Example (the Mooncake conversation trace, four policies, a rate sweep):
     python -m smetric_router.sim --trace ../shared/traces/mooncake-conversation.jsonl \\
         --policies smetric,bailian,lmetric,load_balance --rate-scale 1,1.5,2 --json out.json
 
+The rate is controlled by stretching time (--rate-scale), or as the paper does by keeping a
+fraction of the sessions at their original timing (--sample-sessions SEED --rate-scale 0.3,0.45).
 Every (global ratio, policy, rate scale) combination is one independent run with the same seed.
 With --pd, the runs simulate PD disaggregation's prefill instances instead (sim/pd.py): rows then
 report prefill TPS (prompt tokens) and TTFT to prefill completion.
@@ -36,6 +38,7 @@ from smetric_router.sim.pd import (
 )
 from smetric_router.sim.report import document, plots, table
 from smetric_router.traces.loaders import TraceError, load_trace
+from smetric_router.traces.sample import sample_sessions
 from smetric_router.traces.schema import TraceRequest
 
 _PROGRESS_MIN_REQUESTS = 20_000  # runs shorter than this finish in seconds: no bar
@@ -86,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--instances", type=int, default=32, help="serving instances (GPUs)")
     p.add_argument(
         "--policies",
-        default="smetric,bailian,lmetric,load_balance",
+        default="smetric,bailian,lmetric,lmetric-inflight,load_balance",
         help=f"comma-separated, of: {', '.join(policy_names())}",
     )
     p.add_argument(
@@ -94,6 +97,15 @@ def parser() -> argparse.ArgumentParser:
         type=_floats,
         default=[1.0],
         help="arrival times are divided by this; a comma list sweeps",
+    )
+    p.add_argument(
+        "--sample-sessions",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="control the rate the paper's way instead of stretching time: each --rate-scale "
+        "value R <= 1 keeps a fraction R of the sessions (drawn with this seed), whole and at "
+        "their original timing",
     )
     p.add_argument(
         "--global-ratio",
@@ -243,19 +255,25 @@ def run(
     cfg: SimConfig,
     progress: Callable[[int], None] | None = None,
     pd: bool = False,
+    sample_seed: int | None = None,
 ) -> list[dict[str, Any]]:
-    """pd: cfg.params should already carry the token slack (sim.pd.pd_params)."""
+    """pd: cfg.params should already carry the token slack (sim.pd.pd_params). sample_seed: each
+    rate scale is the fraction of sessions kept (traces/sample.py), replayed at scale 1."""
     rows = []
-    pages = trace_pages(trace, cfg.page_size) if pd else None
+    whole = trace_pages(trace, cfg.page_size) if pd and sample_seed is None else None
     for ratio in global_ratios:
         for name in policies:
             for scale in rate_scales:
                 policy = make_policy(name, cfg.params)
+                reqs, stretch = trace, scale
+                if sample_seed is not None:
+                    reqs, stretch = sample_sessions(trace, scale, sample_seed), 1.0
                 if pd:
-                    pd_result = PdCluster(cfg, policy, ratio).run(trace, scale, progress, pages)
+                    pages = whole if whole is not None else trace_pages(reqs, cfg.page_size)
+                    pd_result = PdCluster(cfg, policy, ratio).run(reqs, stretch, progress, pages)
                     rows.append(summarize_pd(pd_result, cfg.slo, name, scale, ratio))
                     continue
-                result = Cluster(cfg, policy, ratio).run(trace, scale, progress)
+                result = Cluster(cfg, policy, ratio).run(reqs, stretch, progress)
                 rows.append(summarize(result, cfg.slo, name, scale, ratio))
     return rows
 
@@ -296,6 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in args.rate_scale:
             if r <= 0:
                 raise ValueError(f"--rate-scale values must be > 0, got {r:g}")
+            if args.sample_sessions is not None and r > 1:
+                raise ValueError(f"--sample-sessions: a rate scale is a fraction <= 1, got {r:g}")
         for g in args.global_ratio:
             replace(cfg, global_ratio=g)  # validates
         trace = load_trace(args.trace, args.format, args.block_size)
@@ -307,10 +327,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not trace:
         print("error: the trace has no requests", file=sys.stderr)
         return 2
-    runs = len(policies) * len(args.rate_scale) * len(args.global_ratio)
-    update, close = _progress(runs * len(trace), not args.no_progress)
+    per_rate = [
+        len(trace) if args.sample_sessions is None
+        else len(sample_sessions(trace, r, args.sample_sessions))
+        for r in args.rate_scale
+    ]  # fmt: skip
+    runs = len(policies) * len(args.global_ratio)
+    update, close = _progress(runs * sum(per_rate), not args.no_progress)
     try:
-        rows = run(trace, policies, args.rate_scale, args.global_ratio, cfg, update, args.pd)
+        rows = run(
+            trace,
+            policies,
+            args.rate_scale,
+            args.global_ratio,
+            cfg,
+            update,
+            args.pd,
+            args.sample_sessions,
+        )
     finally:
         close()
     print(table(rows))
