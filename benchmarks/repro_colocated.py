@@ -3,7 +3,7 @@
 acceptance table.
 
     python -m benchmarks.repro_colocated FIGURE [--jobs N]
-    FIGURE: bailian_lambda, fig9, fig11, fig12, fig14, fig15, fig25, provisioning, nics,
+    FIGURE: bailian_lambda, fig9, fig11, fig12, fig14, fig15, fig25, provisioning, nics, sampling,
             degraded_link, acceptance, all; plan, probe, reuse, moves (diagnostics)
 
 The study's trace comes from ONE place, `STUDY` below (the generator command, the trace seeds, the
@@ -51,6 +51,7 @@ from smetric_router.sim.config import SimConfig
 from smetric_router.sim.metrics import last_arrival_window, summarize, window_imbalance
 from smetric_router.sim.report import Spread, spread
 from smetric_router.traces.loaders import load_trace
+from smetric_router.traces.sample import sample_sessions
 from smetric_router.traces.schema import TraceRequest
 
 matplotlib.use("Agg")
@@ -163,6 +164,9 @@ class Spec:
     hit_ratio: float = 0.5
     lam: float | None = None  # Bailian's λ; None = the one bailian_lambda's rule chooses
     hints: bool = False  # the trace's session id as the agent's session header
+    # 0: the rate is set by stretching time; k > 0: by keeping the fraction rate x BASE_RATE of
+    # the sessions (sample seed k) at their original timing, the paper's way (traces/sample.py)
+    sample: int = 0
 
     def bailian_lam(self) -> float:
         return chosen_lambda() if self.lam is None else self.lam
@@ -178,6 +182,7 @@ class Spec:
             f"-o{self.overload:g}-s{self.slack:g}-h{self.hit_ratio:g}"
             + (f"-lam{self.bailian_lam():g}" if self.policy == "bailian" else "")
             + ("-hints" if self.hints else "")
+            + (f"-sample{self.sample}" if self.sample else "")
         )
 
 
@@ -240,11 +245,11 @@ def run(spec: Spec) -> dict[str, Any]:
         cached: dict[str, Any] = orjson.loads(path.read_bytes())
         return cached
     cfg = sim_config(spec)
-    reqs = trace(spec.seed)
+    reqs, stretch = trace(spec.seed), spec.rate * BASE_RATE
+    if spec.sample:
+        reqs, stretch = sample_sessions(reqs, stretch, spec.sample), 1.0
     t = time.perf_counter()
-    res = Cluster(cfg, make_policy(spec.policy, cfg.params), spec.ratio).run(
-        reqs, spec.rate * BASE_RATE
-    )
+    res = Cluster(cfg, make_policy(spec.policy, cfg.params), spec.ratio).run(reqs, stretch)
     wall = time.perf_counter() - t
     out = summarize(res, cfg.slo, spec.policy, spec.rate * BASE_RATE, spec.ratio)
     out.update(_extra(res), wall_s=wall, trace_seed=spec.seed, nics=spec.nics)
@@ -1094,6 +1099,70 @@ def fig25() -> None:
     write("fig25", "Figure 25 — OVERLOAD and HIT_RATIO sensitivity", body, rows)
 
 
+SAMPLES = (1, 2, 3)  # session samples of trace seed 1 (the sampling figure)
+
+
+def sampling_specs() -> list[Spec]:
+    return [
+        Spec(p, r, g, SEEDS[0], sample=k) for g in RATIOS for p in POLICIES for k in SAMPLES
+        for r in SWEEP
+    ]  # fmt: skip
+
+
+def sampling() -> None:
+    """The headline cells with the rate set the paper's way: sessions sampled at their timing."""
+    allrows = runs(sampling_specs())
+    top = {
+        (p, g, k): max(runs([Spec(p, r, g, SEEDS[0], sample=k) for r in SWEEP]),
+                       key=lambda x: x["tps_within_slo"])
+        for g in RATIOS for p in POLICIES for k in SAMPLES
+    }  # fmt: skip
+
+    def leads(g: float) -> tuple[Spread, str]:
+        ratios, tops = [], []
+        for k in SAMPLES:
+            b = max(BASELINES, key=lambda p: top[(p, g, k)]["tps_within_slo"])
+            mine = top[("smetric", g, k)]["tps_within_slo"]
+            ratios.append(mine / top[(b, g, k)]["tps_within_slo"])
+            tops.append(b)
+        return spread(ratios), "/".join(dict.fromkeys(tops))
+
+    head = ("policy", *[f"global {gx(g)}" for g in RATIOS])
+    rows = [
+        (p, *[spread(top[(p, g, k)]["tps_within_slo"] for k in SAMPLES).fmt(",.0f") + " @"
+              + "/".join(f"{top[(p, g, k)]['x_rate']:g}" for k in SAMPLES) + "x" for g in RATIOS])
+        for p in POLICIES
+    ]  # fmt: skip
+    split = [
+        (p, *[f"{spread(top[(p, g, k)]['local_hit_ratio'] for k in SAMPLES).pct()} / "
+              f"{spread(top[(p, g, k)]['followup_stickiness'] for k in SAMPLES).pct()}"
+              for g in RATIOS])
+        for p in POLICIES
+    ]  # fmt: skip
+    lead_cells = [leads(g) for g in RATIOS]
+    body = [
+        "The rate set the paper's way (§5.1: the testbed samples the trace): each run keeps a "
+        f"fraction of the sessions of trace seed {SEEDS[0]}, whole and at their original timing "
+        "(`sim --sample-sessions K`), the fractions "
+        f"{', '.join(f'{r * BASE_RATE:g}' for r in SWEEP)} (the same mean rates as the "
+        "time-stretched sweep of fig11.md, x = fraction / "
+        f"{BASE_RATE}), with session samples K = {', '.join(map(str, SAMPLES))}. Max TPS within "
+        "SLO over the fractions per sample, mean [min–max] over the samples (`@` = the best "
+        "x per sample):",
+        "",
+        *md_table(head, rows),
+        "| smetric / best baseline (per sample) | "
+        + " | ".join(f"{sp.fmt()} (vs {t})" for sp, t in lead_cells)
+        + " |",
+        "",
+        "Local hit / follow-up stickiness at each policy's best fraction:",
+        "",
+        *md_table(head, split),
+    ]
+    write("sampling", "Rate control by sampling sessions (the paper's way) beside time-stretching",
+          body, allrows)  # fmt: skip
+
+
 def working_set(seed: int) -> float:
     """Distinct prompt tokens of the replayed window, x the cluster's GPU KV."""
     reqs = trace(seed)
@@ -1446,6 +1515,7 @@ FIGS: dict[str, Figure] = {
     "provisioning": Figure(provisioning, provisioning_specs),
     "fig25": Figure(fig25, fig25_specs),
     "session_hints": Figure(session_hints, hints_specs),
+    "sampling": Figure(sampling, sampling_specs),
 }
 
 
