@@ -8,6 +8,7 @@ from smetric_router.policies import (
     load_balance,
     simple,
     smetric,
+    smetric_paper,
 )
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "load_balance",
     "simple",
     "smetric",
+    "smetric_paper",
 ]

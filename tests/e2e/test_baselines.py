@@ -14,7 +14,7 @@ from tests.e2e.conftest import ROUTER_ARGS, StackFactory
 from tests.e2e.raw import eventually, generate, token_ids
 from tests.reported import reported
 
-BASELINES = [p for p in policy_names() if p != "smetric"]
+BASELINES = [p for p in policy_names() if not p.startswith("smetric")]
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +24,9 @@ def stack(make_stack: StackFactory) -> Stack:
 
 
 def test_every_policy_but_smetric_is_a_baseline() -> None:
-    assert set(BASELINES) == {"bailian", "lmetric", "lmetric-inflight", "load_balance",
-                              "least_tokens", "cache_aware", "round_robin", "random",
-                              "power_of_two"}  # fmt: skip
+    assert set(BASELINES) == {"bailian", "lmetric", "lmetric-inflight",
+                              "load_balance", "least_tokens", "cache_aware", "round_robin",
+                              "random", "power_of_two"}  # fmt: skip
 
 
 @pytest.mark.parametrize("policy", BASELINES)
@@ -55,3 +55,28 @@ async def test_baseline_policy_through_the_router(
                 assert r.status == 200, await r.text()
                 assert r.headers["x-smetric-reason"] == policy
                 assert (await r.json())["choices"][0]["message"]["content"]
+
+
+async def test_smetric_paper_through_the_router(stack: Stack, tmp_path: Path) -> None:
+    """Figure 13 as written serves with SMetric's reasons: a first turn balanced, its follow-up
+    stuck to the worker that now holds its prefix."""
+    args = ["smetric_router", "--port", "0", "--policy", "smetric-paper", *ROUTER_ARGS,
+            "--worker-urls", *stack.worker_urls]  # fmt: skip
+    with reported(args, tmp_path / "router.json") as ports:
+        url = f"http://127.0.0.1:{ports['http']}"
+        async with aiohttp.ClientSession() as http:
+
+            async def ready() -> bool:
+                async with http.get(f"{url}/readiness") as r:
+                    return r.status == 200
+
+            await eventually(ready, "the smetric-paper router's readiness")
+            prompt = token_ids(seed=11, n=320)
+            first, reason = await generate(http, url, prompt, {})
+            assert reason == "first-turn-balance"
+
+            async def stuck() -> bool:  # once the first turn's KV events reached the router
+                worker, why = await generate(http, url, prompt + [9] * 48, {"x-smetric-turn": "1"})
+                return (worker, why) == (first, "sticky")
+
+            await eventually(stuck, "the follow-up sticking to its first turn's worker")

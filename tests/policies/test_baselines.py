@@ -9,6 +9,7 @@ from tests.policies.builders import cluster, req, w
 def test_registry_lists_every_policy_and_rejects_unknown_names() -> None:
     assert set(policy_names()) == {
         "smetric",
+        "smetric-paper",
         "bailian",
         "lmetric",
         "lmetric-inflight",
