@@ -48,7 +48,7 @@ from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.loaders import load_trace
 from smetric_router.traces.schema import TraceRequest
 
-POLICIES = ("smetric", "bailian", "lmetric", "load_balance")
+POLICIES = ("smetric", "bailian", "lmetric", "lmetric-inflight", "load_balance")
 # 32 prefill instances (the paper's). The generator's default window for 200 sessions is ~416 s
 # (43 requests/min/instance at 32: rate 1); the same sessions in a longer window arrive slower.
 # 0.3-0.75x the trace's rate: every policy is past its knee at 1x on this model (fig21_23_pd.md).

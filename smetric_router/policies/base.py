@@ -123,3 +123,12 @@ def rr_argmin(workers: Sequence[WorkerView], scores: Sequence[float], tick: int)
 
 def least_load(workers: Sequence[WorkerView], tick: int) -> WorkerView:
     return rr_argmin(workers, [w.load for w in workers], tick)
+
+
+def least_recompute(
+    workers: Sequence[WorkerView], features: RequestFeatures, tick: int
+) -> WorkerView:
+    """The worker where the request recomputes least, weighted by what is already in its way:
+    (prompt - local hit) x (load + 1), ties round-robin (lmetric-inflight's score)."""
+    scores = [max(features.prompt_len - w.hit, 0) * (w.load + 1) for w in workers]
+    return rr_argmin(workers, scores, tick)

@@ -21,7 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures
-from smetric_router.policies.base import PolicyParams, healthy_or_raise, register, rr_argmin
+from smetric_router.policies.base import (
+    PolicyParams,
+    healthy_or_raise,
+    least_recompute,
+    register,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +36,8 @@ class LMetricInflight:
     uses_text_tree: bool = False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
-        workers = healthy_or_raise(view)
-        scores = [max(features.prompt_len - w.hit, 0) * (w.load + 1) for w in workers]
-        return Decision(rr_argmin(workers, scores, view.tick).url, self.name)
+        chosen = least_recompute(healthy_or_raise(view), features, view.tick)
+        return Decision(chosen.url, self.name)
 
 
 @register("lmetric-inflight")

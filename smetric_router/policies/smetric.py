@@ -1,9 +1,18 @@
-"""SMetric's balanced session-centric scheduling (the paper's Figure 13).
+"""SMetric's balanced session-centric scheduling: the paper's Figure 13 (kept as written in
+smetric_paper.py) with a cost-aware placement of what it does not stick.
 
-First request of a session -> least load. Follow-up -> the worker with the highest local hit,
-unless that worker is overloaded (load > OVERLOAD x mean, and more than a slack of two requests
-above the mean — see PolicyParams.overload_slack) or the session looks evicted
-(best hit <= HIT_RATIO x est_hit); both guards fall back to least load. Ties round-robin.
+Follow-up -> the worker with the highest local hit, unless that worker is overloaded
+(load > OVERLOAD x mean, and more than a slack of two requests above the mean — see
+PolicyParams.overload_slack) or the session looks evicted (best hit <= HIT_RATIO x est_hit).
+A session's first request, and a follow-up a guard sends away, go where they recompute least for
+the load already there: (prompt - local hit) x (load + 1) (base.least_recompute), where the
+figure takes the least loaded. The figure's rule places them by load alone, onto an instance that
+then prefills or fetches the whole prompt, though another one, nearly as idle, holds its template
+or part of its history; these are the placements that decide where a session lives for its next
+turns. In the simulator (modelled; 3 trace seeds, 32 instances, paper tier mode) this raised
+SMetric's TPS within SLO from 150.6K to 161.5K tokens/s with no global tier (1x) and from
+300.1K to 306.7K with a full one (2x), at -1 % at 1.5x with a full tier
+(benchmarks/results/README.md). Ties round-robin.
 L3-aware (PolicyParams.l3_aware, opt-in, with the router's L3 view): a history evicted locally but
 held in the global tier (L3) is fetchable, not lost; the follow-up stays with its best local holder
 (`sticky-l3`), which loads the rest from L3.
@@ -20,7 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from smetric_router.core.types import ClusterView, Decision, Reason, RequestFeatures, WorkerView
-from smetric_router.policies.base import PolicyParams, healthy_or_raise, least_load, register
+from smetric_router.policies.base import (
+    PolicyParams,
+    healthy_or_raise,
+    least_recompute,
+    register,
+)
 from smetric_router.policies.session_home import home
 from smetric_router.policies.turn import resolve_turn
 
@@ -40,7 +54,7 @@ class SMetric:
                 tie = low + 1e-9 * max(1.0, abs(low))  # as least_load's ties
                 chosen = home(hint, [w for w in workers if w.load <= tie])
             else:
-                chosen = least_load(workers, view.tick)
+                chosen = least_recompute(workers, features, view.tick)
             return Decision(chosen.url, Reason.FIRST_TURN_BALANCE.value)
 
         best_hit = max(w.hit for w in workers)
@@ -54,7 +68,8 @@ class SMetric:
         p = self.params
         limit = max(p.overload * mean_load, mean_load + p.overload_slack)
         if target.load > limit:
-            return self._fallback(workers, hint, mean_load, view.tick, Reason.OVERLOAD_FALLBACK)
+            return self._fallback(workers, features, hint, mean_load, limit, view.tick,
+                                  Reason.OVERLOAD_FALLBACK)  # fmt: skip
         # est_hit == 0 means the request carries no countable history: nothing to have been evicted.
         if features.est_hit > 0 and not best_hit > p.hit_ratio * features.est_hit:
             # Fetchable: the target keeps its local part and loads the rest from L3. Without any
@@ -63,20 +78,30 @@ class SMetric:
             fetchable = l3 is not None and l3 > p.hit_ratio * features.est_hit
             if p.l3_aware and best_hit > 0 and fetchable:
                 return Decision(target.url, Reason.STICKY_L3.value)
-            return self._fallback(workers, hint, mean_load, view.tick, Reason.EVICTED_FALLBACK)
+            return self._fallback(workers, features, hint, mean_load, limit, view.tick,
+                                  Reason.EVICTED_FALLBACK)  # fmt: skip
         return Decision(target.url, Reason.STICKY.value)
 
     @staticmethod
     def _fallback(
-        workers: tuple[WorkerView, ...], hint: str | None, mean: float, tick: int, reason: Reason
+        workers: tuple[WorkerView, ...],
+        features: RequestFeatures,
+        hint: str | None,
+        mean: float,
+        limit: float,
+        tick: int,
+        reason: Reason,
     ) -> Decision:
-        """Least load; with a session hint, the session's home among the workers at or below the
-        mean load (the least loaded always is), where its next follow-ups will find this
-        request's cache. A bound of the mean, not the sticky guard's OVERLOAD x mean: moving
-        costs the history's prefill anyway, so the move should not also buy a queue (the
-        looser bound lost up to 1% TPS within SLO in the simulator without cache pressure)."""
+        """Least recompute for the load among the workers not overloaded (the least loaded never
+        is), so an overloaded holder's hit cannot win the request back. With a session hint, the
+        session's home among the workers at or below the mean load (the least loaded always is),
+        where its next follow-ups will find this request's cache: a bound of the mean, not the
+        sticky guard's OVERLOAD x mean, as moving costs the history's prefill anyway, so the move
+        should not also buy a queue (the looser bound lost up to 1% TPS within SLO in the
+        simulator without cache pressure)."""
         if hint is None:
-            return Decision(least_load(workers, tick).url, reason.value)
+            fit = [w for w in workers if w.load <= limit]
+            return Decision(least_recompute(fit, features, tick).url, reason.value)
         chosen = home(hint, [w for w in workers if w.load <= mean])
         return Decision(chosen.url, Reason.SESSION_HINT_FALLBACK.value)
 

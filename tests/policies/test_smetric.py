@@ -14,10 +14,16 @@ from tests.policies.builders import cluster, req, w
 SMETRIC = make_policy("smetric")
 
 
-def test_first_turn_goes_to_least_load_even_against_a_big_hit() -> None:
+def test_first_turn_goes_where_it_recomputes_least_for_the_load() -> None:
+    # prompt 1000: (1000 - hit) x (load + 1) = 400 / 2000 / 3000: the template's holder
     view = cluster(w(load=3, hit=900), w(load=1, hit=0), w(load=2, hit=0))
     d = SMETRIC.decide(req(turn=0), view)
-    assert (d.worker, d.reason) == ("w1", "first-turn-balance")
+    assert (d.worker, d.reason) == ("w0", "first-turn-balance")
+    # ...unless the holder is busy enough: 100 x 30 = 3000 > 2000
+    busy = cluster(w(load=29, hit=900), w(load=1, hit=0), w(load=2, hit=0))
+    assert SMETRIC.decide(req(turn=0), busy).worker == "w1"
+    # the paper's rule takes the least loaded whatever it holds
+    assert make_policy("smetric-paper").decide(req(turn=0), view).worker == "w1"
 
 
 def test_first_turn_ties_break_round_robin_by_tick() -> None:
@@ -39,7 +45,12 @@ def test_overload_guard_falls_back_to_least_load() -> None:
     view = cluster(w(load=7, hit=800), w(load=1), w(load=1), w(load=1))
     d = SMETRIC.decide(req(turn=1, est_hit=800), view)
     assert d.reason == "overload-fallback"
+    # the overloaded holder's hit (200 x 8 = 1600 < 1000 x 2) does not win the request back
     assert d.worker in {"w1", "w2", "w3"}
+    # among the others, the one holding part of the history: 400 x 3 = 1200 < 1000 x 2
+    partial = cluster(w(load=7, hit=800), w(load=2, hit=600), w(load=1), w(load=1))
+    d = SMETRIC.decide(req(turn=1, est_hit=800), partial)
+    assert (d.worker, d.reason) == ("w1", "overload-fallback")
 
 
 def test_load_exactly_at_threshold_still_sticks() -> None:
@@ -73,15 +84,25 @@ def test_hit_ratio_parameter_sets_the_eviction_threshold() -> None:
     view = cluster(w(load=1, hit=600), w(load=0))
     assert SMETRIC.decide(req(turn=1, est_hit=1000), view).reason == "sticky"  # 600 > 0.5 x 1000
     picky = make_policy("smetric", PolicyParams(hit_ratio=0.75))
-    d = picky.decide(req(turn=1, est_hit=1000), view)
-    assert (d.worker, d.reason) == ("w1", "evicted-fallback")
+    assert picky.decide(req(turn=1, est_hit=1000), view).reason == "evicted-fallback"
+
+
+def test_an_evicted_follow_up_goes_where_it_recomputes_least() -> None:
+    # the guard fired (300 <= 0.5 x 1000); an idle worker recomputes 1000 x 1, the holder
+    # 700 x 2, another worker holding the shared template 800 x 1
+    view = cluster(w(load=1, hit=300), w(load=0), w(load=0, hit=200))
+    d = SMETRIC.decide(req(turn=2, est_hit=1000), view)
+    assert (d.worker, d.reason) == ("w2", "evicted-fallback")
+    # a partly evicted holder that is still the cheapest keeps it: 600 x 1 < 1000 x 1
+    view = cluster(w(load=0, hit=400), w(load=0))
+    assert SMETRIC.decide(req(turn=2, est_hit=1000), view).worker == "w0"
 
 
 def test_eviction_guard_at_its_boundary() -> None:
     # Evicted means best hit <= HIT_RATIO x history (README): equality falls back, one more sticks.
     at = cluster(w(load=1, hit=500), w(load=0))
     d = SMETRIC.decide(req(turn=1, est_hit=1000), at)  # 500 == 0.5 x 1000
-    assert (d.worker, d.reason) == ("w1", "evicted-fallback")
+    assert d.reason == "evicted-fallback"
     above = cluster(w(load=1, hit=501), w(load=0))
     d = SMETRIC.decide(req(turn=1, est_hit=1000), above)
     assert (d.worker, d.reason) == ("w0", "sticky")

@@ -60,8 +60,9 @@ async def test_bootstrap_fields_go_to_both_and_the_decode_answers(
     assert pd.worker(pd.prefills[1].url).bootstrap_port == pd.prefills[1].bootstrap_port
     seen = set()
     async with aiohttp.ClientSession() as s:
-        for _ in range(4):
-            async with s.post(pd.url + "/v1/chat/completions", json=CHAT) as resp:
+        for i in range(4):  # four sessions' first turns (a repeated prompt would go to its holder)
+            body = {**CHAT, "messages": [{"role": "user", "content": f"session {i}: hello"}]}
+            async with s.post(pd.url + "/v1/chat/completions", json=body) as resp:
                 assert resp.status == 200
                 prefill_url = resp.headers["x-smetric-prefill-worker"]
                 decode_url = resp.headers["x-smetric-worker"]
@@ -75,7 +76,7 @@ async def test_bootstrap_fields_go_to_both_and_the_decode_answers(
             assert sent["bootstrap_host"] == "127.0.0.1"
             assert sent["bootstrap_port"] == prefill.bootstrap_port
             assert 0 <= sent["bootstrap_room"] < 2**63
-            assert sent["messages"] == CHAT["messages"]
+            assert sent["messages"] == body["messages"]
             seen.add((prefill_url, decode_url))
     # Both sides balance: every prefill and every decode took part.
     assert {p for p, _ in seen} == {p.url for p in pd.prefills}
