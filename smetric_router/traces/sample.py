@@ -21,9 +21,7 @@ def session_draw(seed: int, session: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
-def sample_sessions(
-    reqs: Sequence[TraceRequest], fraction: float, seed: int
-) -> list[TraceRequest]:
+def sample_sessions(reqs: Sequence[TraceRequest], fraction: float, seed: int) -> list[TraceRequest]:
     """The requests of the sessions whose draw falls below `fraction` (0 < fraction <= 1)."""
     if not 0 < fraction <= 1:
         raise ValueError(f"a session sample's fraction must be in (0, 1], got {fraction:g}")
