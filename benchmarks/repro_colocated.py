@@ -847,8 +847,9 @@ def fig15() -> None:
     def at(p: str, x: float) -> list[dict[str, Any]]:
         return [r for r in rows if r["policy"] == p and r["x_rate"] == x]
 
-    fig = plt.figure(figsize=(14, 4))
-    ax = fig.add_subplot(1, 5, 1)
+    panels = len(POLICIES) + 1
+    fig = plt.figure(figsize=(2.8 * panels, 4))
+    ax = fig.add_subplot(1, panels, 1)
     for p in POLICIES:
         sp = [spread(r["tps_within_slo"] / 1e3 for r in at(p, x)) for x in SWEEP]
         ax.errorbar(
@@ -864,7 +865,9 @@ def fig15() -> None:
     ax.legend(fontsize=7)
     for i, p in enumerate(POLICIES):
         r = next(r for r in at(p, AT) if r["trace_seed"] == SEEDS[0])
-        heatmap(fig.add_subplot(1, 5, i + 2), r, f"{p}, {AT:g}x (imb {r['imbalance_mean']:.2f})")
+        heatmap(
+            fig.add_subplot(1, panels, i + 2), r, f"{p}, {AT:g}x (imb {r['imbalance_mean']:.2f})"
+        )
     table = []
     for x in SWEEP:
         ratio = spread(

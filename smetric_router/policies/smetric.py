@@ -1,28 +1,19 @@
 """SMetric's balanced session-centric scheduling: the paper's Figure 13 (kept as written in
-smetric_paper.py) with a cost-aware placement of what it does not stick.
+smetric_paper.py) with a cost-aware placement of the follow-ups it does not stick.
 
-Follow-up -> the worker with the highest local hit, unless that worker is overloaded
-(load > OVERLOAD x mean, and more than a slack of two requests above the mean — see
-PolicyParams.overload_slack) or the session looks evicted (best hit <= HIT_RATIO x est_hit).
-A session's first request, and a follow-up a guard sends away, go where they recompute least for
-the load already there: (prompt - local hit) x (load + 1) (base.least_recompute), where the
-figure takes the least loaded. The figure's rule places them by load alone, onto an instance that
-then prefills or fetches the whole prompt, though another one, nearly as idle, holds its template
-or part of its history; these are the placements that decide where a session lives for its next
-turns. In the simulator (modelled; 3 trace seeds, 32 instances, paper tier mode) this raised
-SMetric's TPS within SLO from 150.6K to 161.5K tokens/s with no global tier (1x) and from
-300.1K to 306.7K with a full one (2x), at -1 % at 1.5x with a full tier
-(benchmarks/results/README.md). Ties round-robin.
-L3-aware (PolicyParams.l3_aware, opt-in, with the router's L3 view): a history evicted locally but
-held in the global tier (L3) is fetchable, not lost; the follow-up stays with its best local holder
-(`sticky-l3`), which loads the rest from L3.
-Session hint (RequestFeatures.session_hint, an agent's session header), read only where the view
-leaves the choice open: ties among the least loaded (first turn) or among the best holders go to
-the session's home (policies/session_home.py), and a follow-up the guards send away from its
-holder goes to the first worker in its home ranking whose load is at most the mean
-(`session-hint-fallback`) instead of the least loaded one, so a session's requests meet on one
-worker whichever replica routes them. Simulated in benchmarks/results/session_hints.md.
-"""
+First request of a session -> least load. Follow-up -> the worker with the highest local hit,
+unless that worker is overloaded (load > OVERLOAD x mean, and more than a slack of two requests
+above the mean — see PolicyParams.overload_slack) or the session looks evicted
+(best hit <= HIT_RATIO x est_hit). A follow-up a guard sends away goes, among the workers not
+overloaded, where it recomputes least for the load already there: (prompt - local hit) x
+(load + 1) (base.least_recompute), where the figure takes the least loaded. The figure's rule
+moves it by load alone, onto an instance that then prefills or fetches its whole history, though
+another one nearly as idle holds part of it (its template, an older prefix, the copy left after
+a partial eviction). First requests stay balanced by load: scoring them too (tried) piles the
+sessions of a shared template onto its holders, whose follow-ups the overload guard then moves.
+In the simulator (modelled; 3 trace seeds, 32 instances, paper tier mode) the change raised
+SMetric's TPS within SLO from 150.6K to 160.2K tokens/s with no global tier (1x) and from 300.1K
+to 306.2K with a full one (2x), -1 % at 1.5x (benchmarks/results/README.md). Ties round-robin."""
 
 from __future__ import annotations
 
@@ -32,6 +23,7 @@ from smetric_router.core.types import ClusterView, Decision, Reason, RequestFeat
 from smetric_router.policies.base import (
     PolicyParams,
     healthy_or_raise,
+    least_load,
     least_recompute,
     register,
 )
@@ -54,7 +46,7 @@ class SMetric:
                 tie = low + 1e-9 * max(1.0, abs(low))  # as least_load's ties
                 chosen = home(hint, [w for w in workers if w.load <= tie])
             else:
-                chosen = least_recompute(workers, features, view.tick)
+                chosen = least_load(workers, view.tick)
             return Decision(chosen.url, Reason.FIRST_TURN_BALANCE.value)
 
         best_hit = max(w.hit for w in workers)
@@ -66,7 +58,9 @@ class SMetric:
 
         mean_load = sum(w.load for w in workers) / len(workers)
         p = self.params
-        limit = max(p.overload * mean_load, mean_load + p.overload_slack)
+        # (an idle cluster has no ratio bound: inf x 0 would be NaN, and no load is above NaN)
+        ratio_bound = p.overload * mean_load if mean_load > 0 else 0.0
+        limit = max(ratio_bound, mean_load + p.overload_slack)
         if target.load > limit:
             return self._fallback(workers, features, hint, mean_load, limit, view.tick,
                                   Reason.OVERLOAD_FALLBACK)  # fmt: skip

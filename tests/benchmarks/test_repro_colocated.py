@@ -28,6 +28,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
         "hit_ratio": 0.25,
         "lam": 0.7,
         "hints": True,
+        "sample": 1,
     }
     assert set(changed) | {"prefetch"} == {f.name for f in dataclasses.fields(rc.Spec)}
     for name, value in changed.items():
