@@ -11,9 +11,9 @@ moves it by load alone, onto an instance that then prefills or fetches its whole
 another one nearly as idle holds part of it (its template, an older prefix, the copy left after
 a partial eviction). First requests stay balanced by load: scoring them too (tried) piles the
 sessions of a shared template onto its holders, whose follow-ups the overload guard then moves.
-In the simulator (modelled; 3 trace seeds, 32 instances, paper tier mode) the change raised
-SMetric's TPS within SLO from 150.6K to 160.2K tokens/s with no global tier (1x) and from 300.1K
-to 306.2K with a full one (2x), -1 % at 1.5x (benchmarks/results/README.md). Ties round-robin."""
+In the simulator (modelled; benchmarks/results/fig11.md: 3 trace seeds, 32 instances, paper
+tier mode, each seed's best rate) it takes max TPS within SLO from smetric-paper's 156.5K to
+162.4K tokens/s with no global tier and from 304.4K to 308.8K with a full one. Ties round-robin."""
 
 from __future__ import annotations
 
