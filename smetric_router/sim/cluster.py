@@ -15,17 +15,12 @@ Per decision the router sees (same fields as the real router fills):
 - hit / gpu_hit: the local-tier (GPU, + host in hicache mode) and GPU-only prefix hit in that
   engine's radix cache;
 - load: requests in flight at the instance (routed and not finished), the router's own count;
-<<<<<<< HEAD
+- running: the engine's running batch as the step in flight left it (admitted, not finished:
+  the batch size its /v1/loads would report), without the requests still waiting;
 - turn / est_hit: what the router reads off the request itself, the assistant replies it carries
   and its tokens through the last of them (TraceRequest.router_turn / history_len, written by the
   generator or derived by the loaders from the request's parent in the file), never what the
   replay has seen of its session (NOTES.md, "What a policy is fed");
-=======
-- running: the engine's running batch as the step in flight left it (admitted, not finished:
-  the batch size its /v1/loads would report), without the requests still waiting;
-- turn: the trace's turn; est_hit: the leading blocks shared with the session's previous request,
-  in tokens (for a conversation that re-sends its history, the previous turn's input length);
->>>>>>> lmetric-faithful
 - text (cache_aware only): the block ids as characters, two per block, fed to the same TextTree
   the router keeps; its per-worker bound is sglang-router's 2^26 chars at ~4 chars per token;
 - tick: one per decision; entropy: from a random.Random(seed).
