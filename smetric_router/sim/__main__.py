@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from smetric_router.engine.timing import PROFILES_DIR
@@ -259,17 +260,22 @@ def run(
 ) -> list[dict[str, Any]]:
     """pd: cfg.params should already carry the token slack (sim.pd.pd_params). sample_seed: each
     rate scale is the fraction of sessions kept (traces/sample.py), replayed at scale 1."""
-    rows = []
+    # per rate scale, once for every run at it: the requests replayed, the clock's stretch and
+    # (PD) their pages
+    replays: list[tuple[Sequence[TraceRequest], float, list[np.ndarray] | None]] = []
     whole = trace_pages(trace, cfg.page_size) if pd and sample_seed is None else None
+    for scale in rate_scales:
+        if sample_seed is None:
+            replays.append((trace, scale, whole))
+        else:
+            kept = sample_sessions(trace, scale, sample_seed)
+            replays.append((kept, 1.0, trace_pages(kept, cfg.page_size) if pd else None))
+    rows = []
     for ratio in global_ratios:
         for name in policies:
-            for scale in rate_scales:
+            for scale, (reqs, stretch, pages) in zip(rate_scales, replays, strict=True):
                 policy = make_policy(name, cfg.params)
-                reqs, stretch = trace, scale
-                if sample_seed is not None:
-                    reqs, stretch = sample_sessions(trace, scale, sample_seed), 1.0
                 if pd:
-                    pages = whole if whole is not None else trace_pages(reqs, cfg.page_size)
                     pd_result = PdCluster(cfg, policy, ratio).run(reqs, stretch, progress, pages)
                     rows.append(summarize_pd(pd_result, cfg.slo, name, scale, ratio))
                     continue
