@@ -276,9 +276,8 @@ async def create(request: web.Request) -> web.StreamResponse:
             yield {"type": "response.failed", "response": failed}
             return
         whole = answer.text_at(t.n_out)
-        if (
-            pieces.shown and answer.call is not None
-        ):  # the call's item, closed as SGLang's stream ends
+        # the call's item, closed as SGLang's stream ends
+        if pieces.shown and answer.call is not None:
             done = function_call(answer.call, arguments, "completed")
             yield {"arguments": arguments, "item_id": fc_id, "name": answer.call.name,
                    "output_index": 0, "type": "response.function_call_arguments.done"}  # fmt: skip
