@@ -52,7 +52,7 @@ class SimConfig:
         1 - 1/servers (a page lives in any server's CPU memory with equal chance; the rest is in
         the local server's memory and only crosses PCIe).
     fetch_overhead_s: fixed cost per global-tier fetch (lookup + transfer setup). 1.5 ms: the
-        middle of the 1-2 ms LMCache lookups cost (issue 14; LMCache's min_retrieve_tokens exists
+        middle of the 1-2 ms LMCache lookups cost (LMCache's min_retrieve_tokens exists
         because small retrieves cost more than recomputing them, docs.lmcache.ai performance
         tuning). Modelled, not measured.
     prefetch_policy: hicache mode: "best_effort" | "wait_complete" | "timeout" (SGLang
