@@ -60,6 +60,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from smetric_router.launch import ClusterSpec, Stack, WorkerSpec, free_port, load_spec, router_args
 from smetric_router.launch.kinds.sglang import (
     CPU_SITE,
@@ -86,11 +88,15 @@ class RouterDef:
 
 ROUTERS: dict[str, RouterDef] = {
     "smetric": RouterDef("smetric", "smetric"),
+    "smetric/smetric-paper": RouterDef("smetric", "smetric-paper"),
     "smetric/bailian": RouterDef("smetric", "bailian"),
     "smetric/lmetric": RouterDef("smetric", "lmetric"),
     "smetric/lmetric-inflight": RouterDef("smetric", "lmetric-inflight"),
     "smetric/load_balance": RouterDef("smetric", "load_balance"),
     "smetric/cache_aware": RouterDef("smetric", "cache_aware"),
+    # four router processes on one port, the kernel spreading connections between them: what
+    # four independent replicas behind an L4 load balancer see (they share nothing but workers)
+    "smetric-x4": RouterDef("smetric", "smetric", ("--processes", "4")),
     "smg/cache_aware": RouterDef("smg", "cache_aware"),
     "smg/cache_aware+sticky": RouterDef("smg", "cache_aware", ("--sticky-sessions",)),
     "smg/least_load": RouterDef("smg", "least_load"),
@@ -146,7 +152,9 @@ class Run:
     @property
     def stickiness(self) -> float | None:
         follow = sum(v for k, v in self.decisions.items() if k != "first-turn-balance")
-        if not self.decisions or ROUTERS[self.router].policy != "smetric" or not follow:
+        d = ROUTERS[self.router]
+        # several processes: /metrics answers from whichever one took the scrape
+        if not self.decisions or d.policy != "smetric" or d.extra or not follow:
             return None
         sticky = self.decisions.get("sticky", 0) + self.decisions.get("sticky-l3", 0)
         return sticky / follow
@@ -207,7 +215,8 @@ def router_argv(name: str, spec: ClusterSpec, workers: list[str], port: int,
     d = ROUTERS[name]
     if d.kind == "smetric":
         r = replace(spec.router, host="127.0.0.1", port=port, policy=d.policy)
-        return [sys.executable, "-m", *router_args(replace(spec, router=r), stack.workers)]
+        own = router_args(replace(spec, router=r), stack.workers)
+        return [sys.executable, "-m", *own, *d.extra]
     prom = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
     common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
               "--policy", d.policy, "--log-level", "warn", *prom, *d.extra]  # fmt: skip
@@ -279,15 +288,42 @@ def router_on_free_port(
             print(f"{name}: port {port} was taken before the router bound it; another port")
 
 
-def flush(workers: list[str]) -> None:
+def flush(workers: list[str], l3: str | None = None) -> None:
+    """Every worker's own tiers, and with l3 (the Mooncake master's metrics URL) the shared global
+    tier too, so that no run starts with what the one before it wrote to the store."""
     for w in workers:
         status, body = _post(f"{w}/flush_cache?timeout=60", timeout=90)
         if status != 200:
             raise RuntimeError(f"{w}/flush_cache: {status} {body[:200]!r}")
+    if l3 is not None and workers:
+        clear_l3(workers[0], l3)
+
+
+def clear_l3(worker: str, master_metrics: str, timeout_s: float = 60) -> None:
+    """Clear through a worker until the master counts no key: remove_all keeps each object for
+    the master's lease after its last put or get (default_kv_lease_ttl, 5 s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, body = _post(f"{worker}/hicache/storage-backend/clear", timeout=90)
+        if status != 200:
+            raise RuntimeError(f"{worker}/hicache/storage-backend/clear: {status} {body[:200]!r}")
+        _, text = _get(f"{master_metrics}/metrics")
+        keys = next((s.value for f in text_string_to_metric_families(text.decode())
+                     for s in f.samples if s.name == "master_key_count"), None)  # fmt: skip
+        if keys == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Mooncake store still holds {keys} keys after {timeout_s} s")
+        time.sleep(1.0)
 
 
 _SAMPLE = re.compile(r"^(sglang:(?:prompt|cached)_tokens)_total(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 _DECISION = re.compile(r"^smetric_decisions_total\{([^}]*)\} ([0-9.e+-]+)$", re.M)
+
+
+def master_metrics(spec: ClusterSpec) -> str | None:
+    m = spec.mooncake
+    return None if m is None else f"http://{m.host}:{m.metrics_port}"
 
 
 def token_counters(workers: list[str]) -> tuple[int, int]:
@@ -444,7 +480,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 router_log = work / f"{slug}.router.log"
                 with router_on_free_port(name, spec, workers, sglang_py, stack, model,
                                          router_log) as url:  # fmt: skip
-                    flush(workers)
+                    flush(workers, l3=master_metrics(spec))
                     p0, c0 = token_counters(workers)
                     d0 = decisions(url)
                     out = work / f"{slug}.jsonl"
@@ -462,7 +498,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                     d1 = decisions(url)
                     calls = {}
                     if setup.agent and rate == setup.rates[0]:
-                        flush(workers)
+                        flush(workers, l3=master_metrics(spec))
                         calls = tool_call_check(url, model, tok, setup.tool_sessions)
                 result = json.loads(out.read_text().splitlines()[-1])
                 run = Run(
@@ -811,6 +847,9 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
     spec = load_spec(a.config) if a.config else default_spec(setup)
     if a.config and a.workers:
         spec = replace(spec, workers=replace(spec.workers, count=a.workers))
+    if a.config and a.gpu_kv_tokens and spec.workers.kind == "emulated":
+        extra = (*spec.workers.extra_args, "--gpu-kv-tokens", str(a.gpu_kv_tokens))
+        spec = replace(spec, workers=replace(spec.workers, extra_args=extra))
     if spec.workers.kind == "sglang":  # the cached share comes from the workers' counters
         spec = replace(spec, sglang=replace(spec.sglang, metrics=True))
     work = a.work_dir / (a.tag or ("smoke" if a.smoke else "quick" if a.quick else "full"))

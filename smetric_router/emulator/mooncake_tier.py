@@ -38,13 +38,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from smetric_router.core.mooncake_keys import key_prefix, page_keys
 from smetric_router.core.prefix import leading_run
 from smetric_router.features.hashing import block_hash, page_digests
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 STORAGE_BACKEND = "MooncakeStore"  # what SGLang's cached_tokens_details calls the backend
 RPC_FAIL = -900  # Mooncake's error code for a master it cannot reach
@@ -120,6 +121,8 @@ class StoreClient(Protocol):
     def get_batch(self, keys: list[str]) -> list[bytes]: ...
 
     def health_check(self) -> int: ...
+
+    def remove_all(self) -> int: ...
 
     def close(self) -> int: ...
 
@@ -347,6 +350,28 @@ class MooncakeTier:
         with self._stats_lock:
             setattr(self.stats, name, getattr(self.stats, name) + n)
 
+    async def clear(self) -> bool:
+        """Empty the whole store, as SGLang's POST /hicache/storage-backend/clear does with its
+        Mooncake backend (remove_all: every worker's pages, the store is shared). Runs on the I/O
+        thread, after the writes queued before it; False when the master does not do it."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bool] = loop.create_future()
+
+        def job() -> None:
+            try:
+                ok = self._up and self._store.remove_all() >= 0
+            except Exception as exc:
+                log.debug("Mooncake remove_all raised: %s", exc)
+                ok = False
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(_settle, done, ok)
+
+        self._jobs.put(job)
+        ok = await done
+        if ok:
+            self._known = {}  # rebound, not cleared: the query thread may be reading it
+        return ok
+
     # ---- Mooncake calls (worker threads) ------------------------------------------------------
 
     def _run_jobs(self) -> None:
@@ -472,7 +497,7 @@ class MooncakeTier:
             self._store.close()
 
 
-def _settle(future: asyncio.Future[list[int] | None], value: list[int] | None) -> None:
+def _settle(future: asyncio.Future[_T], value: _T) -> None:
     if not future.done():
         future.set_result(value)
 

@@ -970,6 +970,14 @@ async def flush_cache(request: web.Request) -> web.Response:
     return _bare_text("Cache not flushed: requests are running or waiting.\n", 400)
 
 
+async def clear_storage_backend(request: web.Request) -> web.Response:
+    """SGLang's POST /hicache/storage-backend/clear: empties the global tier (the whole Mooncake
+    store); 400 with SGLang's text when there is none or the master does not do it."""
+    tier = request.app[EMULATOR].tier
+    ok = tier is not None and await tier.clear()
+    return _bare_text("Hierarchical cache storage backend cleared.\n", 200 if ok else 400)
+
+
 async def abort_request(request: web.Request) -> web.Response:
     runner = request.app[EMULATOR].runner
     try:
@@ -1049,6 +1057,7 @@ def make_app(
     r.add_get("/flush_cache", flush_cache)
     r.add_post("/flush_cache", flush_cache)
     r.add_post("/abort_request", abort_request)
+    r.add_post("/hicache/storage-backend/clear", clear_storage_backend)
     r.add_post("/smetric/prefix_match", prefix_match)
     r.add_get("/emulator/faults", faults_handler)
     r.add_post("/emulator/faults", faults_handler)

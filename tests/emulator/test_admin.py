@@ -95,6 +95,11 @@ async def test_flush_cache_clears_it_and_refuses_when_busy(worker: Worker) -> No
         assert status == 400
 
 
+async def test_clearing_a_storage_backend_it_does_not_have_is_refused(worker: Worker) -> None:
+    async with worker.http.post(worker.url + "/hicache/storage-backend/clear") as r:
+        assert r.status == 400
+
+
 async def test_flush_waits_up_to_timeout_for_idle(worker: Worker) -> None:
     body = {"input_ids": [3] * 32, "sampling_params": {"max_new_tokens": 40}}
     pending = asyncio.ensure_future(worker.post("/generate", body))

@@ -164,6 +164,33 @@ async def test_pages_reach_the_store_under_sglang_keys_and_serve_another_worker(
         }, local  # fmt: skip
 
 
+async def test_clearing_the_storage_backend_empties_the_store_for_every_worker(
+    master: Master,
+) -> None:
+    """SGLang's POST /hicache/storage-backend/clear: what any worker wrote is gone from the
+    shared store, so a worker that never saw the prompt computes it again."""
+    ids = prompt(2)
+    checker = await asyncio.to_thread(pure_client, master)
+    async with workers_on(master, 2) as (a, b):
+        await a.generate(ids)
+        await until(stored(checker, ids), "A's pages in the store")
+        keys = sglang_page_keys(MODEL, ids[: PAGES * PAGE], PAGE)
+
+        async def cleared() -> bool:
+            async with b.http.post(f"{b.url}/hicache/storage-backend/clear") as r:
+                assert (r.status, await r.text()) == (
+                    200, "Hierarchical cache storage backend cleared.\n"
+                )  # fmt: skip
+            # asked through the master's own listing: an exist query would renew the leases
+            return not set(keys) & await asyncio.to_thread(master.keys)
+
+        # remove_all keeps an object for the master's lease after its last put or get (5 s)
+        await until(cleared, "the store emptied once the objects' leases ended", timeout=30)
+        assert await asyncio.to_thread(pages_present, checker, keys) == [0] * PAGES
+        meta = await b.generate(ids)
+        assert meta["cached_tokens"] == 0, meta
+
+
 async def test_master_outage_serves_local_only_and_a_restarted_master_is_empty(
     mooncake: None,
 ) -> None:
