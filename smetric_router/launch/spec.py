@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import yaml
 
 
@@ -113,16 +114,20 @@ SECTIONS = {"router", "workers", "pd", "sglang", "mooncake", "global_tier"}
 
 
 def _value(key: str, v: Any) -> Any:
+    """YAML's shapes for the few fields written more loosely than their types: an env mapping,
+    and command-line lists whose numbers YAML reads as numbers (`[--gpu-kv-tokens, 50000]`)."""
     if key == "env" and isinstance(v, dict):
-        return tuple((str(k), str(x)) for k, x in v.items())
+        return [[str(k), str(x)] for k, x in v.items()]
     if key.endswith("extra_args") or key.endswith("hosts"):
         if not isinstance(v, list):
             raise ValueError(f"{key}: expected a list")
-        return tuple(str(a) for a in v)
+        return [str(a) for a in v]
     return v
 
 
 def _section(cls: type[Any], raw: object, where: str) -> Any:
+    """One section decoded strictly: unknown keys and wrong types (`speedup: fast`,
+    `port: "30000"`, `count: "4"`) are errors naming the field; an int is a valid float."""
     if raw is None:
         return cls()
     if not isinstance(raw, dict):
@@ -131,7 +136,13 @@ def _section(cls: type[Any], raw: object, where: str) -> Any:
     unknown = set(raw) - known
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
-    return cls(**{k: _value(k, v) for k, v in raw.items()})
+    fields = {k: _value(k, v) for k, v in raw.items()}
+    try:
+        return msgspec.convert(fields, cls, strict=True)
+    except msgspec.ValidationError as e:
+        # msgspec names the field from the section's root, `$`: name the section instead
+        section = where.rsplit(": ", 1)[-1]
+        raise ValueError(f"{where}: {str(e).replace('`$', f'`{section}')}") from None
 
 
 def load_spec(path: Path) -> ClusterSpec:

@@ -38,6 +38,11 @@ def test_flags_override_the_spec() -> None:
         ("workers: {kind: vllm}\n", "is unknown"),
         ("workers: {count: 0}\n", "count must be >= 1"),
         ("- a\n- b\n", "expected a mapping"),
+        ("workers: {speedup: fast}\n", r"Expected `float`, got `str` - at `workers.speedup`"),
+        ('router: {port: "30000"}\n', r"Expected `int`, got `str` - at `router.port`"),
+        ('workers: {count: "4"}\n', r"Expected `int`, got `str` - at `workers.count`"),
+        ("workers: {kind: sglang}\nsglang: {hicache: maybe}\n", r"at `sglang.hicache`"),
+        ("mooncake: {rpc_port: 1.5}\nglobal_tier: mooncake\n", r"at `mooncake.rpc_port`"),
     ],
 )
 def test_bad_specs_are_rejected_clearly(tmp_path: Path, text: str, message: str) -> None:
@@ -45,6 +50,16 @@ def test_bad_specs_are_rejected_clearly(tmp_path: Path, text: str, message: str)
     p.write_text(text)
     with pytest.raises(ValueError, match=message):
         load_spec(p)
+
+
+def test_numbers_in_flag_lists_and_an_env_mapping_are_read_as_strings(tmp_path: Path) -> None:
+    p = tmp_path / "spec.yaml"
+    p.write_text("workers: {kind: sglang, speedup: 2, extra_args: [--gpu-kv-tokens, 50000]}\n"
+                 "sglang: {env: {SGLANG_X: 1}}\n")  # fmt: skip
+    spec = load_spec(p)
+    assert spec.workers.extra_args == ("--gpu-kv-tokens", "50000")
+    assert spec.workers.speedup == 2.0 and isinstance(spec.workers.speedup, float)
+    assert spec.sglang.env == (("SGLANG_X", "1"),)
 
 
 def test_committed_pd_spec_is_the_pd_default() -> None:
