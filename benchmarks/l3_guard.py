@@ -147,9 +147,9 @@ async def one_turn(
             if chunk.get("usage"):
                 prompt = chunk["usage"]["prompt_tokens"]
     ttft = ((first or time.perf_counter()) - start) * setup.speedup
-    tiers = [int(details.get(k, 0)) for k in ("device", "host", "storage")]
+    device, host, storage = (int(details.get(k, 0)) for k in ("device", "host", "storage"))
     reason, tier = headers.get("x-smetric-reason", ""), headers.get("x-smetric-tier", "")
-    rec = Record(sid, turn, ttft, prompt, *tiers, reason, tier)
+    rec = Record(sid, turn, ttft, prompt, device, host, storage, reason, tier)
     return rec, "".join(text)
 
 
