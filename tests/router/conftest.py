@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, TypeVar, overload
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -30,7 +30,17 @@ class RouterUnderTest:
 
 
 MakeRouter = Callable[..., Awaitable[RouterUnderTest]]
-MakeWorker = Callable[..., Awaitable[FakeWorker]]
+W = TypeVar("W", bound=FakeWorker)
+
+
+class MakeWorker(Protocol):
+    """The `make_worker` fixture: a started worker of class `cls` (a FakeWorker unless given), so
+    a test sees the attributes its subclass declares."""
+
+    @overload
+    def __call__(self, name: str = ..., *, cls: type[W], **kw: Any) -> Awaitable[W]: ...
+    @overload
+    def __call__(self, name: str = ..., **kw: Any) -> Awaitable[FakeWorker]: ...
 
 
 @pytest.fixture(scope="session")

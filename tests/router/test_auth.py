@@ -171,7 +171,7 @@ async def test_bodies_must_be_json(make_worker: MakeWorker, make_router: MakeRou
     async with aiohttp.ClientSession() as s:
         for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
                       "application/octet-stream", None):  # fmt: skip
-            headers = {} if ctype is None else {"Content-Type": ctype}
+            headers: dict[str, str] = {} if ctype is None else {"Content-Type": ctype}
             for path in ("/v1/chat/completions", "/generate", "/workers"):
                 async with s.post(router.url + path, data=raw.encode(), headers=headers) as r:
                     err = assert_openai_error(await r.json(), 415, r.status)

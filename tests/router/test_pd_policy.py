@@ -9,7 +9,7 @@ import aiohttp
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.features.extract import FeatureExtractor
-from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.router.conftest import MakeRouter, MakeWorker, RouterUnderTest, eventually
 from tests.router.pd_fakes import FakeDecode, FakePrefill, Hub
 from tests.router.test_policy_wiring import FOLLOW_UP, store
 
@@ -18,7 +18,7 @@ LONG = "Summarize the repository layout and the build steps in detail. " * 60
 
 async def start(
     make_worker: MakeWorker, make_router: MakeRouter, n: int, **overrides: Any
-) -> tuple[list[Any], Any, Any]:
+) -> tuple[list[FakePrefill], FakeDecode, RouterUnderTest]:
     hub = Hub()
     ps = [await make_worker(f"p{i}", cls=FakePrefill, hub=hub) for i in range(n)]
     d = await make_worker("d", cls=FakeDecode, hub=hub)
@@ -60,13 +60,13 @@ async def test_follow_up_sticks_to_its_sessions_prefill_instance(
 
 
 async def flood(
-    s: aiohttp.ClientSession, url: str, stalled: Any, other: Any
+    s: aiohttp.ClientSession, url: str, stalled: FakePrefill, other: FakePrefill
 ) -> list[asyncio.Task[tuple[str, str]]]:
     """Send first turns one by one until one sits on the stalled prefill (ties round-robin)."""
     pending = []
     for i in range(4):
         pending.append(asyncio.create_task(chat(s, url, first_turn(i))))
-        await eventually(lambda n=i + 1: len(stalled.bodies) + len(other.bodies) >= n)
+        await eventually(lambda: len(stalled.bodies) + len(other.bodies) >= len(pending))
         if stalled.bodies:
             return pending
     raise AssertionError("the stalled prefill never got a request")
