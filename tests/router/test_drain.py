@@ -21,7 +21,8 @@ async def _request(drain: Drain, release: asyncio.Event, outcome: list[str]) -> 
 
 
 async def test_wait_idle_returns_when_the_last_request_finishes() -> None:
-    drain, release, outcome = Drain(), asyncio.Event(), []
+    drain, release = Drain(), asyncio.Event()
+    outcome: list[str] = []
     task = asyncio.create_task(_request(drain, release, outcome))
     await asyncio.sleep(0)
     assert drain.open == 1
@@ -33,7 +34,8 @@ async def test_wait_idle_returns_when_the_last_request_finishes() -> None:
 
 
 async def test_end_all_marks_the_cancellation_so_the_request_answers() -> None:
-    drain, release, outcome = Drain(), asyncio.Event(), []
+    drain, release = Drain(), asyncio.Event()
+    outcome: list[str] = []
     ended = asyncio.create_task(_request(drain, release, outcome))
     await asyncio.sleep(0)
     assert drain.end_all() == 1
@@ -49,7 +51,8 @@ async def test_end_all_marks_the_cancellation_so_the_request_answers() -> None:
 
 
 async def test_hurry_ends_the_grace_at_once() -> None:
-    drain, release, outcome = Drain(), asyncio.Event(), []
+    drain, release = Drain(), asyncio.Event()
+    outcome: list[str] = []
     task = asyncio.create_task(_request(drain, release, outcome))
     await asyncio.sleep(0)
     asyncio.get_running_loop().call_later(0.05, drain.hurry)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 import aiohttp
 import orjson
@@ -16,7 +17,7 @@ def all_released(pd: Pd) -> bool:
 
 
 async def post(
-    pd: Pd, body: dict[str, object], path: str = "/v1/chat/completions"
+    pd: Pd, body: Mapping[str, object], path: str = "/v1/chat/completions"
 ) -> tuple[int, dict[str, str], bytes]:
     async with aiohttp.ClientSession() as s, s.post(pd.url + path, json=body) as resp:
         return resp.status, dict(resp.headers), await resp.read()

@@ -5,10 +5,14 @@ from __future__ import annotations
 import aiohttp
 import openai
 import orjson
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.router.conftest import MakeRouter, MakeWorker, eventually
 
-MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "hi"},
+]
 
 
 def client(url: str) -> openai.AsyncOpenAI:

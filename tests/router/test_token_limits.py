@@ -3,14 +3,15 @@ Router.context_length): parsed as SGLang reads them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+import aiohttp
 import pytest
 
 from smetric_router.policies import PolicyParams, make_policy
 from smetric_router.router.errors import RouterError
 from smetric_router.router.metrics import RouterMetrics
-from smetric_router.router.routing import Router
+from smetric_router.router.routing import Features, Router
 from smetric_router.router.token_limits import check_budget, check_total, requested_tokens
 from smetric_router.router.workers import Worker, WorkerRegistry, context_length_of
 
@@ -54,12 +55,16 @@ def test_checks_against_the_context() -> None:
         check_total(("max_tokens", 60), 41, 100)
 
 
+def no_features(page_size: int) -> Features:
+    raise AssertionError("a context length is found without reading a request")
+
+
 def test_the_context_is_the_smallest_reported_or_the_override() -> None:
     assert context_length_of({"data": [{"id": "lora", "max_model_len": None},
                                        {"id": "m", "max_model_len": 4096}]}) == 4096  # fmt: skip
     assert context_length_of({"data": [{"id": "m"}]}) is None
     assert context_length_of(None) is None
-    registry = WorkerRegistry(session=None)  # type: ignore[arg-type]
+    registry = WorkerRegistry(session=cast(aiohttp.ClientSession, None))  # never used: no polling
     fleet = [("http://a:1", 8192, "m"), ("http://b:1", 4096, "m"), ("http://c:1", 1024, "other"),
              ("http://d:1", None, "m")]  # fmt: skip
     for url, context, model in fleet:
@@ -68,7 +73,7 @@ def test_the_context_is_the_smallest_reported_or_the_override() -> None:
     def router(override: int | None = None) -> Router:
         policy = make_policy("smetric", PolicyParams())
         metrics = RouterMetrics(lambda: [], None)
-        return Router(policy, registry, metrics, lambda _: None, context_length=override)  # type: ignore[arg-type, return-value]
+        return Router(policy, registry, metrics, no_features, context_length=override)
 
     assert router().context_length("m") == 4096
     assert router().context_length("other") == 1024

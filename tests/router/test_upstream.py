@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,6 @@ from smetric_router.router.upstream import (
 
 # Reads one request head and body, then writes the scripted reply in pieces (None: pause).
 Script = list[bytes | None]
-Serve = Callable[[list[Script]], Awaitable[str]]
 
 
 async def _read_request(reader: asyncio.StreamReader) -> bytes:
@@ -33,13 +33,16 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    servers: list[asyncio.Server] = []
-    seen: list[bytes] = []
+class Serve:
+    """Starts a raw server per call that answers its connections from a list of scripts."""
 
-    async def make(replies: list[Script]) -> str:
+    def __init__(self) -> None:
+        self.servers: list[asyncio.Server] = []
+        self.seen: list[bytes] = []  # every request the servers read, in order
+
+    async def __call__(self, replies: list[Script]) -> str:
         queue = list(replies)
+        seen = self.seen
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
@@ -59,12 +62,15 @@ async def serve() -> AsyncIterator[Serve]:
             writer.close()
 
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        servers.append(server)
+        self.servers.append(server)
         return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
-    make.seen = seen  # type: ignore[attr-defined]
-    yield make
-    for s in servers:
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    started = Serve()
+    yield started
+    for s in started.servers:
         s.close()
 
 
@@ -86,8 +92,8 @@ async def test_chunked_reply_split_anywhere_reassembles(serve: Serve) -> None:
     # The connection went back to the pool and serves the next request.
     again = await up.post(url, "/y", b"", b"{}", timeout=5)
     assert await again.read() == b"hi"
-    assert len(serve.seen) == 2  # type: ignore[attr-defined]
-    assert serve.seen[1].startswith(b"POST /y HTTP/1.1\r\nHost: 127.0.0.1:")  # type: ignore[attr-defined]
+    assert len(serve.seen) == 2
+    assert serve.seen[1].startswith(b"POST /y HTTP/1.1\r\nHost: 127.0.0.1:")
     up.close()
 
 
@@ -156,7 +162,7 @@ async def test_reply_until_close_ends_cleanly(serve: Serve) -> None:
 
 
 async def test_idle_connection_closed_by_the_worker_is_not_reused(serve: Serve) -> None:
-    one = [b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na"]
+    one: Script = [b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na"]
     url = await serve([one, [b"close"], [b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb"]])
     up = Upstream(connect_timeout=5)
     assert await (await up.post(url, "/", b"", b"{}", 5)).read() == b"a"
@@ -228,31 +234,31 @@ async def test_waiting_for_a_slot_past_the_deadline_is_a_local_error(serve: Serv
 
 
 async def test_stale_idle_connection_is_not_reused(serve: Serve) -> None:
-    one = [b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na"]
+    one: Script = [b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na"]
     url = await serve([one, [b"close"], one])
     up = Upstream(connect_timeout=5, max_idle_secs=0.05)
     assert await (await up.post(url, "/", b"", b"{}", 5)).read() == b"a"
     await asyncio.sleep(0.1)  # idle past max_idle_secs (a worker may be closing it right now)
     assert await (await up.post(url, "/", b"", b"{}", 5)).read() == b"a"
-    assert len(serve.seen) == 2  # type: ignore[attr-defined]
+    assert len(serve.seen) == 2
     up.close()
 
 
 async def test_out_of_descriptors_is_a_local_error_and_frees_its_slot(
     serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    one = [b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na"]
+    one: Script = [b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na"]
     url = await serve([one, one])  # keeps its connection open for a second request
     other = await serve([])  # never reached: no descriptor for it
     loop = asyncio.get_running_loop()
     real = loop.create_connection
     failures = [3]  # the first tries find no descriptor; then one is freed
 
-    async def connect(*args: object, **kw: object) -> object:
+    async def connect(*args: Any, **kw: Any) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
         if failures[0]:
             failures[0] -= 1
             raise OSError(errno.EMFILE, "Too many open files")
-        return await real(*args, **kw)  # type: ignore[arg-type]
+        return await real(*args, **kw)
 
     monkeypatch.setattr(loop, "create_connection", connect)
     up = Upstream(connect_timeout=5, max_connections=4)
