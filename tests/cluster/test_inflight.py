@@ -121,7 +121,8 @@ def test_eviction_events_end_the_grace_but_not_live_requests() -> None:
 
 
 def test_kv_index_reports_evictions_and_clears() -> None:
-    index, told = KvIndex(), []
+    index = KvIndex()
+    told: list[str] = []
     index.on_evicted = told.append
     stored = BlockStored(
         block_hashes=[1, 2],

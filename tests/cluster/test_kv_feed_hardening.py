@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from smetric_router.cluster.kv_index import KvIndex
-from smetric_router.cluster.subscriber import FeedConfig, KvEventFeed
+from smetric_router.cluster.subscriber import FeedConfig, KvEventFeed, KvEventHub
 from smetric_router.core.kv_events import AllBlocksCleared
 from smetric_router.emulator.kv_events import encode_batch
 from smetric_router.emulator.kv_publisher import END_SEQ, KvEventPublisher
@@ -121,7 +121,8 @@ async def test_warm_start_takes_a_large_emulated_burst_whole(
     """The emulated publisher, like SGLang's, answers its whole buffer in one burst on a ROUTER
     socket with ZMQ's default HWM; 12,000 batches of ~1 KB must all arrive."""
     w: Worker = await make_worker()
-    pub: KvEventPublisher = w.pub
+    pub = w.pub
+    assert pub is not None
     w.pub = None  # closed here, with its bigger buffer
     pub.close()
     n = 12000
@@ -146,7 +147,8 @@ async def test_stalled_stream_behind_a_frozen_proxy_is_dropped_and_resynced(
     make_worker: Callable[..., Any],
 ) -> None:
     w: Worker = await make_worker()
-    pub: KvEventPublisher = w.pub
+    pub = w.pub
+    assert pub is not None
     assert w.kv is not None
     proxy = FrozenProxy("127.0.0.1", port(pub.endpoint))
     w.kv["endpoint_port_base"] = await proxy.start()
@@ -175,7 +177,8 @@ async def test_idle_probe_notices_batches_the_live_stream_never_delivered(
     """A connection that stays up (heartbeats answered) but delivers nothing: batches the
     replay socket has and the live stream never brought are a stall."""
     w: Worker = await make_worker()
-    pub: KvEventPublisher = w.pub
+    pub = w.pub
+    assert pub is not None
     index = KvIndex()
     feed = KvEventFeed(w.url, index, config=FAST)
     feed.start()
@@ -195,7 +198,8 @@ async def test_idle_probe_notices_batches_the_live_stream_never_delivered(
 
 async def test_worker_back_on_new_ports_is_rediscovered(make_worker: Callable[..., Any]) -> None:
     w: Worker = await make_worker()
-    pub: KvEventPublisher = w.pub
+    pub = w.pub
+    assert pub is not None
     index = KvIndex()
     feed = KvEventFeed(w.url, index, config=FAST)
     feed.start()
@@ -297,7 +301,8 @@ async def test_own_or_wildcard_kv_event_host_is_followed(
     w: Worker = await make_worker()
     assert w.kv is not None
     w.kv["endpoint_host"] = host
-    pub: KvEventPublisher = w.pub
+    pub = w.pub
+    assert pub is not None
     index = KvIndex()
     feed = KvEventFeed(w.url, index, config=FAST)
     feed.start()
@@ -313,4 +318,4 @@ def test_trust_flag_reaches_the_feeds() -> None:
         config = config_from_args(["--worker-urls", "http://127.0.0.1:1", *argv])
         assert config.trust_kv_endpoints is trusted
         hub = make_state(config).kv_feeds
-        assert hub is not None and hub._config.trust_endpoints is trusted  # type: ignore[attr-defined]
+        assert isinstance(hub, KvEventHub) and hub._config.trust_endpoints is trusted

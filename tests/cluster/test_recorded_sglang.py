@@ -184,6 +184,11 @@ async def until(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) ->
         await asyncio.sleep(0.01)
 
 
+def at_seq(feed: KvEventFeed, seq: int) -> Callable[[], bool]:
+    """Whether the feed has applied batch `seq` (a loop's `until` condition, bound to this seq)."""
+    return lambda: feed.last_seq == seq
+
+
 @pytest.fixture
 async def worker() -> AsyncIterator[RecordedWorker]:
     w = await RecordedWorker(REC).start()
@@ -217,12 +222,12 @@ async def play(
         for m in REC.sub[start : phase.sub_through]:
             await w.send(m, lost=m.seq in lost)
             if after_seq and m.seq in after_seq:
-                await until(lambda s=m.seq: feed.last_seq == s, f"seq {m.seq}")
+                await until(at_seq(feed, m.seq), f"seq {m.seq}")
                 after_seq[m.seq]()
         start = phase.sub_through
         if phase.last_seq in lost:  # nothing after it tells the feed it missed something
             continue
-        await until(lambda p=phase: feed.last_seq == p.last_seq, f"after {phase.name}")
+        await until(at_seq(feed, phase.last_seq), f"after {phase.name}")
         after_phase(phase)
 
 
