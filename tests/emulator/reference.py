@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from transformers import PreTrainedTokenizerFast
 
@@ -20,7 +20,7 @@ BUNDLED = Path(__file__).resolve().parents[2] / "smetric_router" / "assets" / "t
 def hf_tokenizer(path: Path = BUNDLED, chat_template: str | None = None) -> PreTrainedTokenizerFast:
     """The tokenizer of a directory, with chat_template (Jinja text) in place of its own."""
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    tok = PreTrainedTokenizerFast.from_pretrained(
+    tok: PreTrainedTokenizerFast = PreTrainedTokenizerFast.from_pretrained(
         str(path), clean_up_tokenization_spaces=False, local_files_only=True
     )
     if chat_template is not None:
@@ -31,7 +31,9 @@ def hf_tokenizer(path: Path = BUNDLED, chat_template: str | None = None) -> PreT
 class ReferenceTokenizer:
     def __init__(self, path: Path = BUNDLED, chat_template: str | None = None) -> None:
         self.hf = hf_tokenizer(path, chat_template)
-        self.im_end_id = int(self.hf.convert_tokens_to_ids("<|im_end|>"))
+        im_end = self.hf.convert_tokens_to_ids("<|im_end|>")  # one token: one id
+        assert isinstance(im_end, int), im_end
+        self.im_end_id = im_end
 
     def encode(self, text: str) -> list[int]:
         """Text as it appears inside a prompt (no special tokens added)."""
@@ -51,7 +53,9 @@ class ReferenceTokenizer:
             messages,
             tokenize=True,
             add_generation_prompt=add_generation_prompt,
+            # transformers types `tools` as an invariant list[dict | Callable]; it only reads it
             tools=tools,  # type: ignore[arg-type]
             return_dict=False,
         )
-        return [int(i) for i in ids]
+        # one conversation, tokenized, not as a dict: its ids (the annotation covers every mode)
+        return [int(i) for i in cast(list[int], ids)]

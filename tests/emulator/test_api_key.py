@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -82,7 +83,7 @@ async def test_api_key_decisions_match_sglangs() -> None:
         ours = []
         for method, path, auth, _ in cases:
             headers = {} if auth is None else {"Authorization": auth}
-            body = {"text": "x", "sampling_params": {"max_new_tokens": 1}}
+            body: dict[str, Any] = {"text": "x", "sampling_params": {"max_new_tokens": 1}}
             if path == "/v1/completions":
                 body = {"prompt": "x", "max_tokens": 1}
             async with w.http.request(method, w.url + path, json=body, headers=headers) as r:

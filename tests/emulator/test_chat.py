@@ -71,7 +71,7 @@ async def test_agent_request_with_the_model_template(qwen: Worker) -> None:
     SGLang does), tool results in tags: the prompt is transformers' rendering of exactly that."""
     call = {"id": "c1", "type": "function",
             "function": {"name": "read_file", "arguments": '{"path": "src/main.py"}'}}  # fmt: skip
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent."},
         {"role": "user", "content": "Open the main module."},
         {"role": "assistant", "content": None, "tool_calls": [call]},

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ def test_chat_prompt_ids_equal_sglang(golden: dict[str, Any], index: int) -> Non
     expected = golden["sglang"][index]["chats"]
     mismatches = []
     for i, (body, want) in enumerate(zip(golden["chats"], expected, strict=True)):
-        got = _outcome(lambda body=body: chat_prompt_ids(tok, json.loads(json.dumps(body))))
+        got = _outcome(partial(chat_prompt_ids, tok, json.loads(json.dumps(body))))
         same = got.get("ids") == want.get("ids") and got.get("status") == want.get("status")
         if not same:
             mismatches.append(f"#{i}: emulator {got} != sglang {want}\n  body: {json.dumps(body)}")

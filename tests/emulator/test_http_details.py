@@ -3,6 +3,8 @@ tests/real_sglang/test_emulator_shape.py): error bodies, content types, /v1/load
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.emulator.conftest import Worker
 
 PROMPT = {"input_ids": list(range(100, 140)), "sampling_params": {"max_new_tokens": 2}}
@@ -25,7 +27,7 @@ async def test_generate_errors(worker: Worker) -> None:
             "Bad Request",
             400,
         )
-    checks = [
+    checks: list[tuple[dict[str, Any], str]] = [
         ({"sampling_params": {}}, "Either text, input_ids or input_embeds should be provided."),
         ({**PROMPT, "sampling_params": {"max_new_tokens": -1}},
          "max_new_tokens must be at least 0, got -1."),

@@ -29,7 +29,7 @@ from tests.emulator.conftest import PAGE, free_ports, make_config, serving
     ],
 )
 def test_bind_or_connect_follows_sglang(endpoint: str, bind: bool | None, binds: bool) -> None:
-    raw = {"publisher": "zmq", "endpoint": endpoint}
+    raw: dict[str, str | bool] = {"publisher": "zmq", "endpoint": endpoint}
     if bind is not None:
         raw["bind"] = bind
     assert KvEventsConfig.from_json(json.dumps(raw)).binds is binds

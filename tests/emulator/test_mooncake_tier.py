@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -209,12 +210,12 @@ async def test_master_outage_serves_local_only_and_a_restarted_master_is_empty(
             assert during["cached_tokens"] == 0, during  # the store counts as a miss
             assert (await a.generate(prompt(3)))["cached_tokens"] == 0
             for w in (a, b):
-                await until(lambda w=w: _tier_is(w, up=False), "the outage noticed")
+                await until(partial(_tier_is, w, up=False), "the outage noticed")
             assert (await b.generate(before))["cached_tokens"] == PAGES * PAGE  # local: device
 
             master.start()
             for w in (a, b):
-                await until(lambda w=w: _tier_is(w, up=True), "the master back", timeout=30)
+                await until(partial(_tier_is, w, up=True), "the master back", timeout=30)
             # the clients mount their segments again by themselves, a moment after reconnecting
             # (a put before that fails for want of space, rc -200, and is dropped)
             await until(lambda: _capacity(master, 2 * SEGMENT), "the segments mounted again")
