@@ -47,9 +47,9 @@ def _session_turns(client: anthropic.Anthropic, model: str, stream: bool, page: 
             kinds = [e.type for e in events]
             assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
             assert {"content_block_start", "content_block_delta", "message_delta"} <= set(kinds)
-            usage = events[0].message.usage  # type: ignore[union-attr]
+            usage = events[0].message.usage
             text = "".join(
-                e.delta.text  # type: ignore[union-attr]
+                e.delta.text
                 for e in events
                 if e.type == "content_block_delta" and e.delta.type == "text_delta"
             )
@@ -136,7 +136,11 @@ async def test_router_errors_in_anthropic_shape_and_x_api_key() -> None:
     stack.start()
     try:
         url = stack.url + "/v1/messages"
-        good = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        good: dict[str, Any] = {
+            "model": "m",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         key = {"x-api-key": "sekrit", "anthropic-version": "2023-06-01"}
         cases: list[tuple[dict[str, str], Any, int, str]] = [
             ({}, good, 401, "authentication_error"),

@@ -9,6 +9,7 @@ import aiohttp
 import openai
 import pytest
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP
@@ -37,19 +38,19 @@ def stack() -> Iterator[Stack]:
 
 async def test_openai_client_with_the_api_key(stack: Stack) -> None:
     model = stack.spec.workers.model_name
-    messages = [{"role": "user", "content": "Reverse a list."}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Reverse a list."}]
     async with AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0) as client:
         assert [m.id for m in (await client.models.list()).data] == [model]
         raw = await client.chat.completions.with_raw_response.create(
             model=model,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=4,
         )
         assert raw.headers["x-smetric-worker"] in stack.worker_urls
         assert raw.parse().choices[0].message.content
         stream = await client.chat.completions.create(
             model=model,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=4,
             stream=True,
         )
@@ -75,7 +76,9 @@ async def test_workers_get_the_worker_key_for_everything(stack: Stack) -> None:
 
         async def indexed() -> bool:
             async with http.get(f"{stack.url}/workers", headers=bearer(KEY)) as r:
-                pages = {w["url"]: w["kv_pages"]["gpu"] for w in (await r.json())["workers"]}
+                pages: dict[str, int] = {
+                    w["url"]: w["kv_pages"]["gpu"] for w in (await r.json())["workers"]
+                }
             return pages[home] >= 5
 
         await eventually(indexed, "the first prompt in the router's index")

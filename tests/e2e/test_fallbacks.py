@@ -71,7 +71,8 @@ async def test_flooded_worker_triggers_overload_fallback(make_stack: StackFactor
         try:
 
             async def home_loaded() -> bool:
-                return (await worker_state(http, stack.url, home))["load"] >= 12
+                load: int = (await worker_state(http, stack.url, home))["load"]
+                return load >= 12
 
             await eventually(home_loaded, "the flood to show in the router's load view")
             worker, reason = await s.turn()
@@ -104,7 +105,8 @@ async def test_flushed_worker_triggers_evicted_fallback(make_stack: StackFactory
             assert r.status == 200, await r.text()
 
         async def home_empty() -> bool:
-            return (await worker_state(http, stack.url, home))["kv_pages"]["gpu"] == 0
+            pages: int = (await worker_state(http, stack.url, home))["kv_pages"]["gpu"]
+            return pages == 0
 
         await eventually(home_empty, "the flush to reach the router through KV events")
         fallback, reason = await s.turn()

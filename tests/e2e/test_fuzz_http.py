@@ -807,6 +807,7 @@ def test_malformed_http_is_answered_400_without_a_traceback_in_the_log(stack: St
 
 def test_prefix_match_of_ids_the_features_refuse_gets_400(stack: Stack) -> None:
     # FeatureError escaped the handler: 500 with a traceback
-    for ids in ([], [[]], [2**40]):
+    refused: tuple[list[object], ...] = ([], [[]], [2**40])
+    for ids in refused:
         a = _send(stack, "POST", "/smetric/prefix_match", body=_dumps({"input_ids": ids}))
         assert a.status == 400, (ids, a)

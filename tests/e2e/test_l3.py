@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from smetric_router.features.chat_tokenizer import load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
@@ -43,12 +44,12 @@ def stack() -> Iterator[Stack]:
         yield s
 
 
-def chat(stack: Stack, messages: list[dict[str, Any]]) -> dict[str, str]:
+def chat(stack: Stack, messages: list[ChatCompletionMessageParam]) -> dict[str, str]:
     client = OpenAI(base_url=stack.url + "/v1", api_key="-", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL,
         messages=messages,
-        max_tokens=4,  # type: ignore[arg-type]
+        max_tokens=4,
     )
     assert raw.parse().choices[0].message.content is not None
     return {k: raw.headers[k] for k in ("x-smetric-hit", "x-smetric-tier", "x-smetric-reason")}
@@ -78,7 +79,7 @@ def until(cond: Any, timeout: float = 30) -> None:
 def test_router_reports_l3_hits_unknown_during_an_outage_and_resets_after_a_restart(
     stack: Stack,
 ) -> None:
-    conv = [
+    conv: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "You are a careful coding agent. " * 40},
         {"role": "user", "content": "List the files in the repository."},
     ]

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import aiohttp
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import StackFactory
 
 
 async def test_any_model_name_is_served_by_a_one_model_cluster(make_stack: StackFactory) -> None:
     stack = make_stack(workers=2)
-    messages = [{"role": "user", "content": "Fix the failing test."}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Fix the failing test."}
+    ]
     async with AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="none", max_retries=0) as client:
         for name in ("default", "gpt-4o-mini"):
             reply = await client.chat.completions.create(
                 model=name,
-                messages=messages,  # type: ignore[arg-type]
+                messages=messages,
                 max_tokens=4,
             )
             assert reply.model == name and reply.choices[0].message.content  # SGLang echoes it

@@ -6,6 +6,7 @@ import asyncio
 
 import aiohttp
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import StackFactory
 
@@ -16,10 +17,12 @@ async def test_openai_client_chat_and_completions(make_stack: StackFactory) -> N
     async with AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="none", max_retries=0) as client:
         assert [m.id for m in (await client.models.list()).data] == [model]
 
-        messages = [{"role": "user", "content": "Reverse a linked list in Python."}]
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "user", "content": "Reverse a linked list in Python."}
+        ]
         raw = await client.chat.completions.with_raw_response.create(
             model=model,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=12,
             extra_body={"ignore_eos": True},  # exactly 12 tokens
         )
@@ -31,7 +34,7 @@ async def test_openai_client_chat_and_completions(make_stack: StackFactory) -> N
 
         stream = await client.chat.completions.create(
             model=model,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=12,
             stream=True,
             extra_body={"ignore_eos": True},

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from smetric_router.launch import ClusterSpec, PdSpec, RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP
@@ -31,10 +32,12 @@ async def test_openai_client_chat_through_the_pd_stack(pd_stack: Stack) -> None:
     decodes = [w.url for w in stack.workers if w.role == "decode"]
     model = stack.spec.workers.model_name
     async with AsyncOpenAI(base_url=f"{stack.url}/v1", api_key="none", max_retries=0) as client:
-        messages = [{"role": "user", "content": "Explain prefill-decode disaggregation."}]
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "user", "content": "Explain prefill-decode disaggregation."}
+        ]
         raw = await client.chat.completions.with_raw_response.create(
             model=model,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=12,
             extra_body={"ignore_eos": True},  # exactly 12 tokens, the last ending the turn
         )
@@ -47,7 +50,7 @@ async def test_openai_client_chat_through_the_pd_stack(pd_stack: Stack) -> None:
 
         stream = await client.chat.completions.create(
             model=model,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=12,
             stream=True,
             extra_body={"ignore_eos": True},
@@ -57,11 +60,14 @@ async def test_openai_client_chat_through_the_pd_stack(pd_stack: Stack) -> None:
         assert len(chunks) > 3 and text == answer  # same prompt, same answer
 
         # the follow-up carrying the answer is served too (the prefill side holds its history)
-        follow = [*messages, {"role": "assistant", "content": answer},
-                  {"role": "user", "content": "Shorter, please."}]  # fmt: skip
+        follow: list[ChatCompletionMessageParam] = [
+            *messages,
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Shorter, please."},
+        ]
         raw = await client.chat.completions.with_raw_response.create(
             model=model,
-            messages=follow,  # type: ignore[arg-type]
+            messages=follow,
             max_tokens=6,
         )
         assert raw.parse().choices[0].message.content
@@ -70,7 +76,7 @@ async def test_openai_client_chat_through_the_pd_stack(pd_stack: Stack) -> None:
 async def test_pd_follow_up_sticks_to_the_prefill_holding_its_history(pd_stack: Stack) -> None:
     stack = pd_stack
     model = stack.spec.workers.model_name
-    messages = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "You are a coding agent working in a large repository."},
         {"role": "user", "content": "Summarize the failing build log below.\n"
          + "error: cannot find symbol in module parser, line 42\n" * 30},
@@ -82,7 +88,7 @@ async def test_pd_follow_up_sticks_to_the_prefill_holding_its_history(pd_stack: 
         before = await prefill_pages(http, stack.url)
         raw = await client.chat.completions.with_raw_response.create(
             model=model,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=8,
         )
         assert raw.headers["x-smetric-reason"] == "first-turn-balance"
@@ -103,7 +109,7 @@ async def test_pd_follow_up_sticks_to_the_prefill_holding_its_history(pd_stack: 
             ]
             raw = await client.chat.completions.with_raw_response.create(
                 model=model,
-                messages=messages,  # type: ignore[arg-type]
+                messages=messages,
                 max_tokens=8,
             )
             assert (raw.headers["x-smetric-prefill-worker"], raw.headers["x-smetric-reason"]) == (

@@ -61,7 +61,8 @@ async def flushed(http: aiohttp.ClientSession, router: str, worker: str) -> None
         assert r.status == 200, await r.text()
 
     async def empty() -> bool:
-        return (await worker_state(http, router, worker))["kv_pages"]["gpu"] == 0
+        pages: int = (await worker_state(http, router, worker))["kv_pages"]["gpu"]
+        return pages == 0
 
     await eventually(empty, "the flush to reach the router through KV events")
 

@@ -92,6 +92,11 @@ class Stream:
                     self.first.set()
         self.ended_at = time.monotonic()
 
+    @property
+    def open(self) -> bool:
+        """Still being read: its end has not come."""
+        return self.ended_at is None
+
     async def ended(self) -> list[str]:
         await asyncio.wait_for(self.task, GRACE_S + EXIT_BOUND_S)
         return self.events
@@ -129,7 +134,7 @@ async def test_sigterm_drains_open_streams_then_ends_the_rest(stack: Stack) -> N
             assert r.status == 200
         held = asyncio.create_task(http.post(f"{url}/v1/chat/completions", json=_chat(8, False)))
         await eventually(lambda: _three(http, url), "3 requests in flight")
-        assert short.ended_at is None  # still streaming when the signal comes
+        assert short.open  # still streaming when the signal comes
 
         router = _router(stack)
         router.send_signal(signal.SIGTERM)
