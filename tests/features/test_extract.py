@@ -140,9 +140,10 @@ def test_incremental_ids_equal_the_whole_prompt_tokenized(
 
 
 class Spy:
-    """Records the texts the extractor tokenizes."""
+    """Records the texts the extractor tokenizes (its tokenizer's encode_chat, wrapped for the
+    test)."""
 
-    def __init__(self, chat: ChatTokenizer) -> None:
+    def __init__(self, chat: ChatTokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
         self.texts: list[str] = []
         original = chat.tokenizer.encode_chat
 
@@ -150,13 +151,15 @@ class Spy:
             self.texts.append(text)
             return original(text, *budget)
 
-        chat.tokenizer.encode_chat = encode_chat  # type: ignore[method-assign]
+        monkeypatch.setattr(chat.tokenizer, "encode_chat", encode_chat)
 
 
-def test_follow_up_tokenizes_only_what_follows_the_previous_prompt(sampler: TextSampler) -> None:
+def test_follow_up_tokenizes_only_what_follows_the_previous_prompt(
+    sampler: TextSampler, monkeypatch: pytest.MonkeyPatch
+) -> None:
     chat = load_chat_tokenizer(None, CODER)
     extractor = FeatureExtractor(chat, page_size=16)
-    spy = Spy(chat)
+    spy = Spy(chat, monkeypatch)
     requests = agent_turns(sampler, 4, seed=5)
     extractor.from_chat({"messages": requests[-2], "tools": TOOLS})
     spy.texts.clear()
@@ -169,11 +172,13 @@ def test_follow_up_tokenizes_only_what_follows_the_previous_prompt(sampler: Text
     assert spy.texts == []
 
 
-def test_rewritten_earlier_turn_is_retokenized_from_the_rewrite() -> None:
+def test_rewritten_earlier_turn_is_retokenized_from_the_rewrite(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The thinking template drops an answered turn's reasoning once a user turn follows."""
     chat = load_chat_tokenizer(None, THINKING)
     extractor = FeatureExtractor(chat, page_size=4)
-    spy = Spy(chat)
+    spy = Spy(chat, monkeypatch)
     call = {"id": "c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
     messages: list[Message] = [
         {"role": "user", "content": "question"},
@@ -208,9 +213,11 @@ def test_tips_of_one_conversation_share_its_messages(
     assert all(later[i] is first[i] for later in kept[1:] for i in range(len(first)))
 
 
-def test_new_session_reuses_the_shared_system_prompt(chat: ChatTokenizer) -> None:
+def test_new_session_reuses_the_shared_system_prompt(
+    chat: ChatTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     extractor = FeatureExtractor(chat, page_size=16)
-    spy = Spy(chat)
+    spy = Spy(chat, monkeypatch)
     system = {"role": "system", "content": "You are a coding agent. " * 50}
     extractor.from_chat({"messages": [system, {"role": "user", "content": "task one"}]})
     spy.texts.clear()

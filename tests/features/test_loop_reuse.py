@@ -42,7 +42,7 @@ def conversation(rng: random.Random) -> list[list[dict[str, Any]]]:
     """Successive message lists of one conversation: each extends the previous one's objects
     (as chat_prompt reuses them), sometimes with its last messages replaced."""
     messages = [{"role": "system", "content": "sys"}] if rng.random() < 0.7 else []
-    out = []
+    out: list[list[dict[str, Any]]] = []
     for step in range(12):
         if out and rng.random() < 0.2:
             messages = messages[: rng.randint(0, len(messages))]

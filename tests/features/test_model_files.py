@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from smetric_router.features.model_files import (
 )
 
 
-def model_dir(tmp_path: Path, config: dict[str, object] | None = None) -> Path:
+def model_dir(tmp_path: Path, config: Mapping[str, object] | None = None) -> Path:
     shutil.copy(DEFAULT_TOKENIZER_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
     if config is not None:
         (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))

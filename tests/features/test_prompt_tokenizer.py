@@ -8,6 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+from tokenizers.pre_tokenizers import PreTokenizer
 
 from smetric_router.features.model_files import locate
 from smetric_router.features.prompt_tokenizer import PromptTokenizer, load_tokenizer
@@ -38,9 +39,9 @@ def test_cut_points_count_ids_from_where_the_tail_starts() -> None:
     assert list(cuts[0]) == [11, 24] and list(cuts[1]) == [6, 8]
 
 
-def bare(pre: object, tokens: list[AddedToken]) -> PromptTokenizer:
+def bare(pre: PreTokenizer, tokens: list[AddedToken]) -> PromptTokenizer:
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre  # type: ignore[assignment]
+    tokenizer.pre_tokenizer = pre
     tokenizer.add_special_tokens(tokens)
     return PromptTokenizer(tokenizer)
 

@@ -74,7 +74,7 @@ def test_final_assistant_turn() -> None:
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "half"}]
     assert final_turn(messages, False) == ([messages[0], {"role": "user", "content": "half"}], None)
     assert final_turn(messages, True) == ([messages[0]], "half")
-    parts = [messages[0], {"role": "assistant", "content": []}]
+    parts: list[dict[str, Any]] = [messages[0], {"role": "assistant", "content": []}]
     assert final_turn(parts, False) == (parts, None)
 
 
@@ -93,7 +93,10 @@ def test_tools_are_dumped_in_the_clients_key_order() -> None:
 
 def test_which_tools_the_template_gets() -> None:
     tools: list[Any] = [{"type": "function", "function": {"name": n}} for n in ("a", "b")]
-    names = lambda out: [t["function"]["name"] for t in out or []]  # noqa: E731
+
+    def names(out: list[dict[str, Any]] | None) -> list[str]:
+        return [t["function"]["name"] for t in out or []]
+
     assert names(request_tools({"tools": tools}, False)) == ["a", "b"]
     assert request_tools({"tools": tools, "tool_choice": "none"}, False) is None
     assert request_tools({"tools": []}, False) is None

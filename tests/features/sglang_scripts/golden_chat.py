@@ -144,7 +144,7 @@ PIECES = [
 ]  # fmt: skip
 fragment = st.one_of(
     st.sampled_from(PIECES),
-    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12),
 )
 text = st.lists(fragment, max_size=8).map("".join)
 name = st.from_regex(r"[a-z][a-z_]{0,8}", fullmatch=True)
@@ -223,7 +223,7 @@ def conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
 def chat_body(draw: st.DrawFn) -> dict[str, Any]:
     body: dict[str, Any] = {"model": "m", "messages": draw(conversation())}
     tools = draw(st.lists(tool(), max_size=3, unique_by=lambda t: t["function"]["name"]))
-    if tools or draw(st.booleans()):
+    if bool(tools) or draw(st.booleans()):
         body["tools"] = tools
     choice = draw(st.sampled_from([None, None, "auto", "none", "named"]))
     if choice == "named" and tools:

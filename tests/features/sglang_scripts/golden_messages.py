@@ -198,7 +198,7 @@ def claude_code(draw: st.DrawFn, body: dict[str, Any]) -> None:
             max_size=2,
         )
     )
-    if edits or draw(st.booleans()):
+    if bool(edits) or draw(st.booleans()):
         body["context_management"] = {"edits": edits}
     if draw(st.booleans()):
         body["metadata"] = {"user_id": json.dumps({"session_id": draw(name)})}
