@@ -6,15 +6,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from benchmarks import repro_colocated as rc
+from smetric_router.sim.report import spread
 
 
 def test_the_cache_key_names_every_setting_and_the_code() -> None:
     base = rc.Spec("bailian", 1.5, lam=0.6)
-    changed = {
+    changed: dict[str, Any] = {
         "policy": "smetric",
         "rate": 2.0,
         "ratio": 1.6,
@@ -57,13 +59,13 @@ def test_a_changed_source_file_changes_the_code_version(tmp_path: Path) -> None:
 
 
 def test_spread_is_the_mean_and_the_range_over_seeds() -> None:
-    s = rc.spread([1.0, 1.2, 1.1])
+    s = spread([1.0, 1.2, 1.1])
     assert s.mean == pytest.approx(1.1)
     assert (s.lo, s.hi) == (1.0, 1.2)
     assert s.fmt() == "1.100 [1.000–1.200]"
-    assert rc.spread([0.5]).pct() == "50.0 %"
+    assert spread([0.5]).pct() == "50.0 %"
     with pytest.raises(ValueError):
-        rc.spread([])
+        spread([])
 
 
 def test_per_window_imbalance_is_read_from_the_rows_windows() -> None:
