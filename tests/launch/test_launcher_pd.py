@@ -50,4 +50,4 @@ def test_launched_prefill_and_decode_serve_a_pair() -> None:
         assert d["usage"]["completion_tokens"] == 6 and d["choices"][0]["finish_reason"] == "stop"
     finally:
         stack.stop()
-    assert all(c.proc.poll() is not None for c in stack.children)
+    assert all(c.proc is not None and c.proc.poll() is not None for c in stack.children)

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import sys
+from typing import Any, NoReturn
 
 from smetric_router.sglang_cpu import install
 
@@ -30,11 +31,11 @@ class ParseError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise ParseError(message)
 
 
-out = []
+out: list[dict[str, Any]] = []
 for argv in json.load(sys.stdin):
     parser = Parser(prog="sglang.launch_server")
     ServerArgs.add_cli_args(parser)
