@@ -163,7 +163,9 @@ def test_two_patches_changing_the_same_lines_are_refused(tmp_path: Path) -> None
         load_patch_dir(d)
 
 
-def test_check_apply_revert_cycle(site: Path, patch_dir: Path, capsys: pytest.CaptureFixture[str]):
+def test_check_apply_revert_cycle(
+    site: Path, patch_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ("--site-dir", str(site), "--patch-dir", str(patch_dir))
     code, out = run(capsys, "check", *args)
     assert code == cli.EXIT_NOT_APPLIED

@@ -86,7 +86,8 @@ def device_lru(how: str) -> list[int | None]:
     cache.writing_check(write_back=True)
     look(cache, A, how)
     cache.evict(EvictParams(num_tokens=8))
-    return tiers(cache, A) + tiers(cache, B)
+    seen: list[int | None] = tiers(cache, A) + tiers(cache, B)
+    return seen
 
 
 def host_lru(how: str) -> list[int | None]:
@@ -98,7 +99,8 @@ def host_lru(how: str) -> list[int | None]:
     cache.evict(EvictParams(num_tokens=16))
     look(cache, A, how)
     cache.evict_host(8)
-    return tiers(cache, A) + tiers(cache, B)
+    seen: list[int | None] = tiers(cache, A) + tiers(cache, B)
+    return seen
 
 
 def main() -> None:
