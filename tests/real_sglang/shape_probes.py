@@ -319,7 +319,7 @@ class KvTap:
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, self.descriptor["topic"].encode())
         sub.connect(
@@ -347,7 +347,8 @@ class KvTap:
     def replay(self, start_seq: int = 0, timeout_s: float = 10) -> list[list[bytes]]:
         """Every buffered batch from start_seq, then the end marker (as the last entry)."""
         port = self.descriptor["replay_endpoint_port_base"]
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
         sock.connect(_endpoint(self.descriptor["endpoint_host"], port))
         out: list[list[bytes]] = []
         try:

@@ -53,7 +53,7 @@ def test_tool_use_session_sticks_with_sglang_cache_hits(sglang_stack: Stack, str
             raw = client.messages.with_raw_response.create(stream=True, **body)
             events = list(raw.parse())
             assert events[0].type == "message_start" and events[-1].type == "message_stop"
-            usage = events[0].message.usage  # type: ignore[union-attr]
+            usage = events[0].message.usage
         else:
             raw = client.messages.with_raw_response.create(**body)
             usage = raw.parse().usage

@@ -44,7 +44,7 @@ def _create(client: openai.OpenAI, stream: bool, **kwargs: Any) -> tuple[Any, An
     events = list(raw.parse())
     assert events[0].type == "response.created", events[0]
     assert events[-1].type in ("response.completed", "response.incomplete"), events[-1]
-    return events[-1].response, raw.headers  # type: ignore[union-attr]
+    return events[-1].response, raw.headers
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -77,7 +77,8 @@ def test_chain_lands_on_its_holder_and_get_by_id(sglang_stack: Stack, stream: bo
         "response-holder",
     )
     got = raw.parse()
-    assert got.id == previous.id and got.usage.input_tokens == previous.usage.input_tokens
+    assert got.id == previous.id and got.usage is not None
+    assert got.usage.input_tokens == previous.usage.input_tokens
     with pytest.raises(openai.BadRequestError):  # the worker's own id is no router id
         client.responses.retrieve("resp_" + "0" * 32)
 

@@ -22,10 +22,10 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from openai import OpenAI
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 from smetric_router.core.mooncake_keys import page_stems
 from smetric_router.features.chat_tokenizer import load_chat_tokenizer
@@ -72,10 +72,12 @@ def quiet_store(stack: Stack, timeout: float = 60) -> None:
     assert stable >= 3, "the store kept changing"
 
 
-def chat(stack: Stack, messages: list[dict[str, Any]]) -> tuple[dict[str, str], Any]:
+def chat(
+    stack: Stack, messages: list[ChatCompletionMessageParam]
+) -> tuple[dict[str, str], ChatCompletion]:
     client = OpenAI(base_url=stack.url + "/v1", api_key="-", max_retries=0, timeout=180)
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, max_tokens=8, temperature=0,  # type: ignore[arg-type]
+        model=MODEL, messages=messages, max_tokens=8, temperature=0,
         extra_body={"return_cached_tokens_details": True},
     )  # fmt: skip
     reply = raw.parse()
@@ -103,7 +105,7 @@ def features(stack: Stack) -> FeatureExtractor:
 
 def test_router_l3_view_equals_the_masters_contents(mooncake_stack: Stack) -> None:
     stack = mooncake_stack
-    conv: list[dict[str, Any]] = [
+    conv: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "Session A: find the failing test."},
     ]
@@ -122,7 +124,7 @@ def test_session_whose_worker_flushed_and_left_is_served_elsewhere_from_l3(
     mooncake_stack: Stack,
 ) -> None:
     stack = mooncake_stack
-    conv: list[dict[str, Any]] = [
+    conv: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "Session B: list the modules that import the cache."},
     ]
@@ -149,7 +151,10 @@ def test_session_whose_worker_flushed_and_left_is_served_elsewhere_from_l3(
     # (less what the worker held locally: the shared system prompt, if it served it before).
     assert details.get("storage", 0) > 0, details
     assert details.get("storage", 0) + details.get("device", 0) + details.get("host", 0) >= l3
-    assert reply.usage.prompt_tokens_details.cached_tokens >= l3
+    usage = reply.usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    cached = usage.prompt_tokens_details.cached_tokens
+    assert cached is not None and cached >= l3
 
 
 @contextmanager
@@ -185,7 +190,7 @@ def l3_answer(router: str, ids: list[int]) -> int | None:
 def test_both_l3_sources_agree_with_the_master(mooncake_stack: Stack, tmp_path: Path) -> None:
     stack = mooncake_stack
     with events_router(stack, tmp_path) as events_url:
-        conv: list[dict[str, Any]] = [
+        conv: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": "Session D: rename the helper and fix its callers."},
         ]
@@ -206,7 +211,7 @@ def test_both_l3_sources_agree_with_the_master(mooncake_stack: Stack, tmp_path: 
 def test_master_killed_and_restarted_mid_run(mooncake_stack: Stack) -> None:
     stack = mooncake_stack
     master = next(c for c in stack.children if c.name == MASTER and c.proc is not None)
-    conv: list[dict[str, Any]] = [
+    conv: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "Session C: summarize the open issues."},
     ]
