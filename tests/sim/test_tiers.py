@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,8 @@ GPU = 4096 * PS
 HOST = 3 * GPU
 
 
-def _cfg(**kw: object) -> SimConfig:
-    base: dict[str, object] = {
+def _cfg(**kw: Any) -> SimConfig:
+    base: dict[str, Any] = {
         "instances": 2,
         "gpus_per_server": 8,
         "gpu_kv_tokens": GPU,
@@ -39,7 +40,7 @@ def _cfg(**kw: object) -> SimConfig:
         "nic_bytes_per_s": 10e9,
     }
     base.update(kw)
-    return SimConfig(**base)  # type: ignore[arg-type]
+    return SimConfig(**base)
 
 
 # ---- sizes --------------------------------------------------------------------------------------
@@ -348,7 +349,7 @@ def test_the_policies_hit_is_the_local_tier_of_the_mode(tier_mode: str) -> None:
     # where only hicache keeps them (and the policies see them as local hits)
     cfg = SimConfig(instances=1, gpu_kv_tokens=1200, host_kv_tokens=1 << 16, tier_mode=tier_mode)
     rec = _Recorder()
-    cluster.Cluster(cfg, rec, 0.0).run(_trace(4, 3))  # type: ignore[arg-type]
+    cluster.Cluster(cfg, rec, 0.0).run(_trace(4, 3))
     assert rec.seen
     if tier_mode == "paper":
         assert all(hit == gpu for hit, gpu in rec.seen)
