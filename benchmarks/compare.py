@@ -237,7 +237,9 @@ def _chat_ok(url: str, model: str) -> bool:
 
 
 @contextlib.contextmanager
-def running(argv: list[str], url: str, model: str, log: Path, timeout_s: float = 90):  # type: ignore[no-untyped-def]
+def running(
+    argv: list[str], url: str, model: str, log: Path, timeout_s: float = 90
+) -> Iterator[subprocess.Popen[bytes]]:
     """A router process, ready once it answers a chat completion; stopped on exit."""
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)

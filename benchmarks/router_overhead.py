@@ -147,12 +147,18 @@ def wrk(url: str, connections: int, seconds: float, body: str, work: Path) -> di
          "--latency", "-s", str(script), url + "/v1/chat/completions"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    rps = float(_first_group(r"Requests/sec:\s+([\d.]+)", out))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    lat = {q: _us(re.search(rf"^\s+{q}%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
-           for q in ("50", "99")}  # fmt: skip
+    lat = {q: _us(_first_group(rf"^\s+{q}%\s+(\S+)", out, re.M)) for q in ("50", "99")}
     return {"rps": rps, "p50_us": lat["50"], "p99_us": lat["99"],
             "non2xx": float(errors.group(1)) if errors else 0.0}  # fmt: skip
+
+
+def _first_group(pattern: str, text: str, flags: int = 0) -> str:
+    """Group 1 of pattern's first match in wrk's report (which always prints these lines)."""
+    m = re.search(pattern, text, flags)
+    assert m, (pattern, text)
+    return m.group(1)
 
 
 def _us(text: str) -> float:

@@ -17,6 +17,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from smetric_router.core.port_file import bound_port
+
 _HOP = {"host", "content-length", "transfer-encoding", "connection", "content-encoding"}
 
 
@@ -89,7 +91,7 @@ class Recorder:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = bound_port(self._runner)
         self.url = f"http://127.0.0.1:{port}"
         return self.url
 
