@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from smetric_router.core.port_file import read_port_file
+from tests.helpers.prometheus import total
 
 MODEL = "fuzz-model"
 EXAMPLES = int(os.environ.get("SMETRIC_FUZZ_EXAMPLES", "10000"))
@@ -645,11 +646,7 @@ def requests(draw: st.DrawFn) -> Request:
 def _inflight(stack: Stack) -> float:
     status, _, body = _get(stack.host, stack.port, "/metrics")
     assert status == 200
-    total = 0.0
-    for line in body.decode().splitlines():
-        if line.startswith("smetric_worker_inflight{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return total(body.decode(), "smetric_worker_inflight")
 
 
 def _check(stack: Stack, r: Request, a: Answer) -> None:
