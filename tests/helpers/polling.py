@@ -3,7 +3,8 @@
 Both call `check` until it returns something truthy and return that, so a probe can hand back
 what it found. The pause between checks starts at 10 ms and doubles up to `interval`: a state
 that changes at once is seen at once, and a slow one over HTTP is not asked 100 times a second.
-Past `timeout` they fail with an AssertionError that names `what` and the last value seen.
+Past `timeout` (20 s unless given: room for a stack of processes on a busy machine) they fail
+with an AssertionError that names `what` and the last value seen.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ async def eventually(
     check: Callable[[], T], what: str, timeout: float = ..., interval: float = ...
 ) -> T: ...
 async def eventually(
-    check: Callable[[], object], what: str, timeout: float = 10.0, interval: float = 0.1
+    check: Callable[[], object], what: str, timeout: float = 20.0, interval: float = 0.1
 ) -> object:
     """Await `check()` (a plain function or a coroutine function) until it is truthy; return it."""
     polls = _Polls(what, timeout, interval)
@@ -56,7 +57,7 @@ async def eventually(
 
 
 def eventually_sync(
-    check: Callable[[], T], what: str, timeout: float = 10.0, interval: float = 0.1
+    check: Callable[[], T], what: str, timeout: float = 20.0, interval: float = 0.1
 ) -> T:
     """`eventually` for sync tests: blocks between checks."""
     polls = _Polls(what, timeout, interval)
