@@ -12,7 +12,8 @@ import pytest
 from smetric_router.policies.session_home import rank
 from smetric_router.router.routing import Endpoint
 from tests.e2e.conftest import StackFactory
-from tests.e2e.test_fallbacks import eventually, worker_state
+from tests.e2e.test_fallbacks import worker_state
+from tests.helpers.polling import eventually
 from tests.helpers.prometheus import total
 
 CLAUDE_CODE = "x-claude-code-session-id"

@@ -37,11 +37,11 @@ class _Polls:
 
 @overload
 async def eventually(
-    check: Callable[[], Awaitable[T]], what: str, timeout: float = ..., interval: float = ...
+    check: Callable[[], Awaitable[T | None]], what: str, timeout: float = ..., interval: float = ...
 ) -> T: ...
 @overload
 async def eventually(
-    check: Callable[[], T], what: str, timeout: float = ..., interval: float = ...
+    check: Callable[[], T | None], what: str, timeout: float = ..., interval: float = ...
 ) -> T: ...
 async def eventually(
     check: Callable[[], object], what: str, timeout: float = 20.0, interval: float = 0.1
@@ -57,7 +57,7 @@ async def eventually(
 
 
 def eventually_sync(
-    check: Callable[[], T], what: str, timeout: float = 20.0, interval: float = 0.1
+    check: Callable[[], T | None], what: str, timeout: float = 20.0, interval: float = 0.1
 ) -> T:
     """`eventually` for sync tests: blocks between checks."""
     polls = _Polls(what, timeout, interval)
