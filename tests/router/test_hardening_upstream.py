@@ -17,29 +17,11 @@ from aiohttp import web
 
 from tests.helpers.polling import eventually
 from tests.router.conftest import MakeRouter, MakeWorker, RouterUnderTest
-from tests.router.fakes import FakeWorker
+from tests.router.fakes import DroppingWorker, FakeWorker
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 CHAT = {"model": "fake-model", "messages": MESSAGES}
 STREAM = {"text": "hello", "stream": True}
-
-
-class DroppingWorker(FakeWorker):
-    """Reads a generation request, then drops the connection without a byte (a worker killed by
-    the request it was running), while the shared budget lasts."""
-
-    def __init__(self, name: str, budget: list[int], **kw: Any) -> None:
-        super().__init__(name, **kw)
-        self.budget = budget
-
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        if self.budget[0] > 0:
-            self.budget[0] -= 1
-            self.bodies.append(await request.json())
-            assert request.transport is not None
-            request.transport.abort()
-            return web.Response()
-        return await super()._generate(request)
 
 
 class SilentStreamWorker(FakeWorker):
