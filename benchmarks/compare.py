@@ -96,6 +96,10 @@ ROUTERS: dict[str, RouterDef] = {
     # four router processes on one port, the kernel spreading connections between them: what
     # four independent replicas behind an L4 load balancer see (they share nothing but workers)
     "smetric-x4": RouterDef("smetric", "smetric", ("--processes", "4")),
+    # the same with the load reports of the earlier default, one a second
+    "smetric-x4-poll1": RouterDef(
+        "smetric", "smetric", ("--processes", "4", "--load-poll-interval-secs", "1")
+    ),
     "smg/cache_aware": RouterDef("smg", "cache_aware"),
     "smg/cache_aware+sticky": RouterDef("smg", "cache_aware", ("--sticky-sessions",)),
     "smg/least_load": RouterDef("smg", "least_load"),
