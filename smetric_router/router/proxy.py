@@ -279,7 +279,7 @@ class Proxy:
             worker.inflight -= 1
             self.registry.mark_failed(worker, str(e))
             raise stalled_error(worker.url, str(e), decision_headers(routed)) from None
-        except Lost as e:  # garbage for a head: another worker may do better
+        except Lost as e:  # garbage for a head (Malformed): another worker may do better
             worker.inflight -= 1
             return str(e), None
         except BaseException:
@@ -330,10 +330,12 @@ class Proxy:
         except Stalled as e:
             self.registry.mark_failed(worker, str(e))
             raise stalled_error(worker.url, str(e), decision_headers(routed)) from None
-        except (UpstreamError, asyncio.TimeoutError):
+        except (UpstreamError, asyncio.TimeoutError) as e:
+            # Cut short or malformed: none of it goes to the client.
+            why = str(e) or type(e).__name__
             raise RouterError(
                 502,
-                f"worker {worker.url} was lost while sending its response",
+                f"worker {worker.url} was lost while sending its response ({why})",
                 type_="server_error",
                 code="worker_lost",
                 headers=decision_headers(routed),
