@@ -27,7 +27,12 @@ from smetric_router.router.auth import auth_middleware, upstream_auth_header
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
 from smetric_router.router.errors import RouterError, bad_request, no_worker
-from smetric_router.router.http_guards import add_catch_all, expect_continue, quiet_client_faults
+from smetric_router.router.http_guards import (
+    add_catch_all,
+    expect_continue,
+    hide_server,
+    quiet_client_faults,
+)
 from smetric_router.router.kv import KvFeeds
 from smetric_router.router.limits import upstream_connection_limit
 from smetric_router.router.metrics import STREAM_ERROR, L3Sample, RouterMetrics, WorkerSample
@@ -694,6 +699,7 @@ def build_app(state: RouterState) -> web.Application:
     app.router.add_post("/flush_cache", handle_flush_cache, expect_handler=guard)
     app.router.add_post("/smetric/prefix_match", handle_prefix_match, expect_handler=guard)
     add_catch_all(app)
+    hide_server(app)
     quiet_client_faults()
     return app
 
@@ -704,4 +710,5 @@ def metrics_app(state: RouterState) -> web.Application:
     app[STATE] = state
     app.router.add_get("/metrics", handle_metrics, expect_handler=expect_continue)
     add_catch_all(app)
+    hide_server(app)
     return app
