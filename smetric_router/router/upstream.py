@@ -554,8 +554,10 @@ class Upstream:
                 tls = self._ssl = self._ssl or ssl.create_default_context()
             while True:
                 try:
-                    connecting = loop.create_connection(factory, host, port, ssl=tls)
-                    _, conn = await asyncio.wait_for(connecting, self._connect_timeout)
+                    # Not asyncio.wait_for: on Python 3.11 it returns the connection, and
+                    # swallows a cancellation, when both come in the same turn of the loop.
+                    async with asyncio.timeout(self._connect_timeout):
+                        _, conn = await loop.create_connection(factory, host, port, ssl=tls)
                     break
                 except OSError as e:
                     pause = backoff * (0.5 + random.random())

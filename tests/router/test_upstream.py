@@ -401,3 +401,26 @@ async def test_no_content_reply_has_no_body_whatever_its_length(serve: Serve) ->
     assert await _exchange(up, url) == (200, b"ok")
     assert serve.connections == 1
     up.close()
+
+
+async def test_cancelled_as_its_connection_is_made_the_request_ends(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Python 3.11's asyncio.wait_for returned the connection here, swallowing the cancellation:
+    # the request went on waiting for a reply nobody would read.
+    url = await serve([[None, None, None, *GOOD]])
+    loop = asyncio.get_running_loop()
+    real = loop.create_connection
+    up = Upstream(connect_timeout=5)
+    caller: list[asyncio.Task[Any]] = []
+
+    async def connect(*args: Any, **kw: Any) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
+        made = await real(*args, **kw)
+        caller[0].cancel()  # the cancellation and the connection in the same turn
+        return made
+
+    monkeypatch.setattr(loop, "create_connection", connect)
+    caller.append(asyncio.create_task(up.post(url, "/", b"", b"{}", 5)))
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(caller[0]), 2)
+    await eventually(lambda: up.open == 0)
