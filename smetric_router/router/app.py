@@ -134,9 +134,6 @@ class RouterState:
             on_removed=self._worker_removed,
             headers=c.worker_headers(),
         )
-        timeout = aiohttp.ClientTimeout(
-            total=c.request_timeout_secs, sock_connect=min(10.0, c.request_timeout_secs)
-        )
         if c.pd_disaggregation:
             # The prefill side is where KV reuse pays: it gets the hits and the text tree.
             policy = make_policy(c.prefill_policy_name, c.prefill_params())
@@ -161,7 +158,7 @@ class RouterState:
             session_hints=c.session_hints,
         )
         self._upstream = Upstream(
-            connect_timeout=timeout.sock_connect or c.request_timeout_secs,
+            connect_timeout=min(10.0, c.request_timeout_secs),
             max_connections=upstream_connection_limit(c.max_upstream_connections),
         )
         self._proxy = Proxy(
@@ -178,7 +175,7 @@ class RouterState:
         if c.pd_disaggregation:
             decode_policy = make_policy(c.decode_policy, c.policy_params)
             self.pd = PdProxy(
-                session=self._session,
+                upstream=self._upstream,
                 prefill_router=self._router,
                 decode_router=Router(
                     decode_policy, self._registry, self.metrics, self.features_for, role=Role.DECODE
@@ -186,9 +183,8 @@ class RouterState:
                 registry=self._registry,
                 metrics=self.metrics,
                 max_retries=c.max_retries,
-                timeout=timeout,
+                timeout=c.request_timeout_secs,
                 handover_timeout=c.pd_handover_timeout_secs,
-                slots=self._upstream,
                 first_byte_timeout=c.first_byte_timeout_secs,
                 stream_idle_timeout=c.stream_idle_timeout_secs,
                 retry_on_reset=c.retry_on_reset,

@@ -123,6 +123,7 @@ class Timeouts:
     # Past first_byte, keep waiting while this says the worker is still fine (a non-streamed
     # reply's first byte is its whole answer: a long one is no stall while its worker is healthy).
     alive: Callable[[], bool] | None = None
+    not_alive: str = "the worker fails its health checks"  # what alive() saying no means
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,7 +394,7 @@ class Response:
             return
         why = f"no response byte within {self._bounds.first_byte:g} s"
         if alive is not None:
-            why += " and the worker fails its health checks"
+            why += f" and {self._bounds.not_alive}"
         self._fail(Stalled(why, first_byte=True))
 
     def _check_idle(self) -> None:
