@@ -60,8 +60,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from smetric_router.core.prometheus import readable_samples, total
 from smetric_router.launch import ClusterSpec, Stack, WorkerSpec, free_port, load_spec, router_args
 from smetric_router.launch.kinds.sglang import (
     CPU_SITE,
@@ -97,6 +96,10 @@ ROUTERS: dict[str, RouterDef] = {
     # four router processes on one port, the kernel spreading connections between them: what
     # four independent replicas behind an L4 load balancer see (they share nothing but workers)
     "smetric-x4": RouterDef("smetric", "smetric", ("--processes", "4")),
+    # the same with the load reports of the earlier default, one a second
+    "smetric-x4-poll1": RouterDef(
+        "smetric", "smetric", ("--processes", "4", "--load-poll-interval-secs", "1")
+    ),
     "smg/cache_aware": RouterDef("smg", "cache_aware"),
     "smg/cache_aware+sticky": RouterDef("smg", "cache_aware", ("--sticky-sessions",)),
     "smg/least_load": RouterDef("smg", "least_load"),
@@ -310,17 +313,13 @@ def clear_l3(worker: str, master_metrics: str, timeout_s: float = 60) -> None:
         if status != 200:
             raise RuntimeError(f"{worker}/hicache/storage-backend/clear: {status} {body[:200]!r}")
         _, text = _get(f"{master_metrics}/metrics")
-        keys = next((s.value for f in text_string_to_metric_families(text.decode())
-                     for s in f.samples if s.name == "master_key_count"), None)  # fmt: skip
+        keys = next((s.value for s in readable_samples(text.decode())
+                     if s.name == "master_key_count"), None)  # fmt: skip
         if keys == 0:
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"the Mooncake store still holds {keys} keys after {timeout_s} s")
         time.sleep(1.0)
-
-
-_SAMPLE = re.compile(r"^(sglang:(?:prompt|cached)_tokens)_total(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)
-_DECISION = re.compile(r"^smetric_decisions_total\{([^}]*)\} ([0-9.e+-]+)$", re.M)
 
 
 def master_metrics(spec: ClusterSpec) -> str | None:
@@ -329,14 +328,13 @@ def master_metrics(spec: ClusterSpec) -> str | None:
 
 
 def token_counters(workers: list[str]) -> tuple[int, int]:
+    """The workers' prompt and cached token counters, summed over workers and label sets."""
     prompt = cached = 0.0
     for w in workers:
         _, text = _get(f"{w}/metrics")
-        for name, v in _SAMPLE.findall(text.decode()):
-            if name.endswith("prompt_tokens"):
-                prompt += float(v)
-            else:
-                cached += float(v)
+        found = readable_samples(text.decode())
+        prompt += total(found, "sglang:prompt_tokens_total")
+        cached += total(found, "sglang:cached_tokens_total")
     return int(prompt), int(cached)
 
 
@@ -345,10 +343,9 @@ def decisions(router_url: str) -> dict[str, float]:
     out: dict[str, float] = {}
     if status != 200:
         return out
-    for labels, v in _DECISION.findall(text.decode()):
-        m = re.search(r'reason="([^"]*)"', labels)
-        if m:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(v)
+    for s in readable_samples(text.decode()):
+        if s.name == "smetric_decisions_total" and "reason" in s.labels:
+            out[s.labels["reason"]] = out.get(s.labels["reason"], 0.0) + s.value
     return out
 
 

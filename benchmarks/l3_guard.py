@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import re
 import statistics
 import time
 import urllib.request
@@ -33,6 +32,7 @@ import matplotlib
 import orjson
 from tokenizers import Tokenizer
 
+from smetric_router.core.prometheus import samples
 from smetric_router.emulator.tokenizer import DEFAULT_TOKENIZER_DIR
 from smetric_router.features.sample_text import TextSampler
 from smetric_router.launch import ClusterSpec, MooncakeSpec, RouterSpec, Stack, WorkerSpec
@@ -183,17 +183,22 @@ async def drive(url: str, setup: Setup, texts: Texts) -> list[Record]:
     return [r for rs in done for r in rs]
 
 
+_MASTER_QUERIES = {f"smetric_l3_master_{k}_total": k
+                   for k in ("queries", "query_keys", "query_seconds")}  # fmt: skip
+
+
 def router_counters(url: str) -> dict[str, float]:
     """The router's L3 lookups by outcome and routed prefix tokens by tier, from its /metrics."""
     with urllib.request.urlopen(url + "/metrics") as r:
         text = r.read().decode()
     out: dict[str, float] = {}
-    for m in re.finditer(r'^smetric_l3_lookups_total\{.*outcome="(\w+)".*\} (\S+)$', text, re.M):
-        out[f"lookup_{m.group(1)}"] = float(m.group(2))
-    for m in re.finditer(r"^smetric_l3_master_(query_\w+|queries)_total\{.*\} (\S+)$", text, re.M):
-        out[m.group(1)] = float(m.group(2))
-    for m in re.finditer(r'^smetric_routed_prefix_tokens_total\{tier="(\w+)"\} (\S+)$', text, re.M):
-        out[f"routed_{m.group(1)}"] = float(m.group(2))
+    for s in samples(text):
+        if s.name == "smetric_l3_lookups_total":
+            out[f"lookup_{s.labels['outcome']}"] = s.value
+        elif s.name in _MASTER_QUERIES:
+            out[_MASTER_QUERIES[s.name]] = s.value
+        elif s.name == "smetric_routed_prefix_tokens_total":
+            out[f"routed_{s.labels['tier']}"] = s.value
     return out
 
 

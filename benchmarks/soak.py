@@ -45,6 +45,7 @@ from typing import Any
 
 import aiohttp
 
+from smetric_router.core.prometheus import samples, total
 from smetric_router.launch.ports import free_ports
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -374,11 +375,7 @@ async def one_request(http: aiohttp.ClientSession, base: str, mix: Mix, tally: T
 async def inflight_total(http: aiohttp.ClientSession, base: str) -> float:
     async with http.get(base + "/metrics") as resp:
         text = await resp.text()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("smetric_worker_inflight{")
-    )
+    return total(samples(text), "smetric_worker_inflight")
 
 
 # -- the run ---------------------------------------------------------------------------------

@@ -6,12 +6,12 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from tests.helpers.prometheus import metric
 from tests.mooncake_master import Master, master_binary, store_client
 
 
@@ -49,12 +49,7 @@ def pure_client(master: Master) -> Any:
 
 def capacity(master: Master) -> float:
     """The bytes the workers lend the store (the master's master_total_capacity_bytes)."""
-    with urllib.request.urlopen(master.url + "/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            name, _, value = line.partition(" ")
-            if name == "master_total_capacity_bytes":
-                return float(value)
-    raise AssertionError("no master_total_capacity_bytes in the master's /metrics")
+    return metric(master.url, "master_total_capacity_bytes")
 
 
 def sglang_page_keys(model: str, token_ids: Sequence[int], page_size: int) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ import orjson
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.core.mooncake_keys import DIGEST, page_stems
+from smetric_router.core.prometheus import readable_samples
 from smetric_router.core.types import RequestFeatures
 
 log = logging.getLogger(__name__)
@@ -221,7 +223,8 @@ class MasterL3:
             self._down(f"/metrics: {e!r}")
             return
         counters = _parse_metrics(text)
-        self.stats.keys = int(counters.get("master_key_count", 0))
+        keys = counters.get("master_key_count")  # None: no count the router can vouch for
+        self.stats.keys = int(keys) if keys is not None and math.isfinite(keys) else None
         restarted = any(counters.get(n, 0.0) < self._counters.get(n, 0.0) for n in _MONOTONE)
         self._counters = {n: counters.get(n, 0.0) for n in _MONOTONE}
         if self.state is not L3State.OK:
@@ -250,16 +253,9 @@ class MasterL3:
 
 
 def _parse_metrics(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name, _, value = line.partition(" ")
-        try:
-            out[name] = float(value.split()[0])
-        except (ValueError, IndexError):
-            continue
-    return out
+    """The master's unlabelled samples by name (its counters and gauges carry no labels), from
+    the lines that parse: junk in the page costs its own lines, never the view."""
+    return {s.name: s.value for s in readable_samples(text) if not s.labels}
 
 
 class EventsL3:

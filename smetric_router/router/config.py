@@ -31,7 +31,10 @@ class RouterConfig:
     tokenizer_path: str | None = None  # None: the committed tokenizer
     chat_template: str | None = None  # a .jinja file; None: the tokenizer directory's template
     page_size: int | None = None  # None: read from the workers' /server_info
-    load_poll_interval_secs: float = 1.0
+    # Other replicas' requests reach a replica's view only through these reports: at 1 s, four
+    # replicas placed up to a second of each other's arrivals blind (benchmarks/results/README.md).
+    # /v1/loads reads a shared-memory snapshot in SGLang, no scheduler round-trip.
+    load_poll_interval_secs: float = 0.2
     health_check_interval_secs: float = 5.0
     health_check_timeout_secs: float = 5.0
     max_body_bytes: int = 32 * 1024 * 1024

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.agents.recorder import Exchange, Recorder
-from tests.prom import sample_sum
+from tests.helpers.prometheus import total
 
 
 def assert_served(recorder: Recorder, path: str) -> list[Exchange]:
@@ -35,5 +35,5 @@ def assert_metrics_say_so(before: str, after: str, endpoint: str) -> None:
     """The router's own per-endpoint counts grew by a balanced first request and a sticky one."""
     name = "smetric_endpoint_decisions_total"
     for reason in ("first-turn-balance", "sticky"):
-        grew = sample_sum(after, name, endpoint=endpoint, reason=reason)
-        assert grew > sample_sum(before, name, endpoint=endpoint, reason=reason), reason
+        grew = total(after, name, endpoint=endpoint, reason=reason)
+        assert grew > total(before, name, endpoint=endpoint, reason=reason), reason

@@ -22,7 +22,7 @@ from tests.agents.sessions import (
     assert_served,
     assert_sticky_with_history,
 )
-from tests.prom import sample_sum, scrape
+from tests.helpers.prometheus import scrape, total
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +60,8 @@ async def test_claude_code_fixes_a_bug_through_the_router(
     assert_sticky_with_history(posts, stack.spec.workers.page_size)
     after = scrape(stack.url)
     assert_metrics_say_so(before, after, "/v1/messages")
-    dropped = sample_sum(after, "smetric_anthropic_dropped_total", field="thinking")
-    assert dropped - sample_sum(before, "smetric_anthropic_dropped_total", field="thinking") >= 2
+    dropped = total(after, "smetric_anthropic_dropped_total", field="thinking")
+    assert dropped - total(before, "smetric_anthropic_dropped_total", field="thinking") >= 2
 
 
 async def test_codex_fixes_a_bug_through_the_router(

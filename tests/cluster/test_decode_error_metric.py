@@ -19,6 +19,7 @@ from smetric_router.router.app import RUNNER_OPTIONS, RouterState, build_app
 from smetric_router.router.config import RouterConfig
 from tests.cluster.recorded_worker import RecordedWorker
 from tests.fixtures.kv_events import load
+from tests.helpers.prometheus import value
 from tests.router.fakes import FakeWorker
 
 REC = load()
@@ -40,11 +41,7 @@ class EventsWorker(FakeWorker):
 async def metric(url: str, name: str, worker: str) -> float | None:
     async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as resp:
         text = await resp.text()
-    prefix = f'{name}{{worker="{worker}"}} '
-    for line in text.splitlines():
-        if line.startswith(prefix):
-            return float(line[len(prefix) :])
-    return None
+    return value(text, name, worker=worker)
 
 
 async def test_decode_errors_reach_the_routers_metrics() -> None:

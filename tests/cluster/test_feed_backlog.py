@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -21,34 +21,14 @@ from aiohttp.test_utils import TestServer
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.subscriber import KvEventFeed
-from smetric_router.core.kv_events import GPU, BlockStored
 from smetric_router.emulator.kv_publisher import KvEventPublisher
+from tests.helpers.kv_events import stored
+from tests.helpers.polling import eventually
 
 PAGE = 16
 BURST = 2000
 TURN_S = 0.005
 DEADLINE_S = 5.0  # a feed that reads one batch per turn needs BURST * TURN_S = 10 s at least
-
-
-def stored(hashes: list[int], parent: int | None) -> BlockStored:
-    return BlockStored(
-        block_hashes=hashes,
-        parent_block_hash=parent,
-        token_ids=list(range(PAGE * len(hashes))),
-        block_size=PAGE,
-        lora_id=None,
-        medium=GPU,
-    )
-
-
-async def until(cond: Callable[[], bool], what: str, timeout_s: float) -> float:
-    """Seconds it took for cond to hold; fails at the deadline."""
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - t0
 
 
 @contextlib.asynccontextmanager
@@ -108,15 +88,18 @@ async def test_busy_loop_keeps_up_with_a_burst_of_batches(
             assert time.monotonic() < deadline, "feed never joined the live stream"
             pub.publish([stored([-1], None)])
             await asyncio.sleep(0.02)
-        await until(lambda: feed.last_seq == pub.next_seq - 1, "feed caught up", 10)
+        await eventually(lambda: feed.last_seq == pub.next_seq - 1, "feed caught up", 10)
         busy = asyncio.create_task(hog())
         for i in range(BURST):
             pub.publish([stored([10 * i + 1, 10 * i + 2], None)])
-        took = await until(
+        burst = time.monotonic()
+        await eventually(
             lambda: feed.last_seq == pub.next_seq - 1,
             f"{BURST} batches applied under a busy loop",
             DEADLINE_S,
+            interval=0.01,
         )
+        took = time.monotonic() - burst
         last = [10 * (BURST - 1) + 1, 10 * (BURST - 1) + 2]
         assert index.match(last, PAGE)[url] == (2 * PAGE, 2 * PAGE)
         assert feed.state().resets == 0, "no batch was lost on the way"

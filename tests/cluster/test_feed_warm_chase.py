@@ -23,7 +23,9 @@ import pytest
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.subscriber import KvEventFeed
 from smetric_router.emulator.kv_publisher import KvEventPublisher
-from tests.cluster.test_feed_backlog import PAGE, hog, serving_worker, stored, until
+from tests.cluster.test_feed_backlog import PAGE, hog, serving_worker
+from tests.helpers.kv_events import stored
+from tests.helpers.polling import eventually
 
 HISTORY = 300  # batches the worker published before the feed connects
 EVERY_S = 0.001  # the worker's publishing interval under load
@@ -62,11 +64,13 @@ async def test_warm_up_hands_over_to_a_busy_live_stream(
     thread.start()
     feed.start()
     try:
-        took = await until(lambda: feed.live_seq >= 0, "the feed reads the live stream", 10)
+        started = time.monotonic()
+        await eventually(lambda: feed.live_seq >= 0, "the feed reads the live stream", 10, 0.01)
+        took = time.monotonic() - started
         assert took < LIVE_DEADLINE_S, f"live stream unread for {took:.1f} s (warm-up chasing)"
         stop.set()
         thread.join()
-        await until(lambda: feed.last_seq == pub.next_seq - 1, "feed caught up", 10)
+        await eventually(lambda: feed.last_seq == pub.next_seq - 1, "feed caught up", 10)
         last = published[0] - 1
         assert index.match([2 * last + 1, 2 * last + 2], PAGE)[url] == (2 * PAGE, 2 * PAGE)
         assert index.match([1, 2], PAGE)[url] == (2 * PAGE, 2 * PAGE), "history replayed"

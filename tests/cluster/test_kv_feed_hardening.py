@@ -30,9 +30,9 @@ from tests.cluster.test_subscriber import (
     kv_descriptor,
     make_worker,
     port,
-    stored,
-    until,
 )
+from tests.helpers.kv_events import stored
+from tests.helpers.polling import eventually
 
 __all__ = ["make_worker"]  # the fixture, imported for pytest
 
@@ -106,7 +106,7 @@ async def test_truncated_replay_bursts_are_asked_again_until_complete(
     feed = KvEventFeed(w.url, index, config=FAST)
     feed.start()
     try:
-        await until(lambda: feed.last_seq == n - 1, "whole buffer replayed", timeout_s=20)
+        await eventually(lambda: feed.last_seq == n - 1, "whole buffer replayed", timeout=20)
         assert all(hits(index, w.url, [i + 1]) == (PAGE, PAGE) for i in range(0, n, 97))
         assert replay.starts[:3] == [0, burst, 2 * burst]
         assert feed.resets == 0
@@ -133,9 +133,9 @@ async def test_warm_start_takes_a_large_emulated_burst_whole(
     try:
         for i in range(n):
             pub.publish([stored([i + 1], None)])
-        await until(lambda: len(pub._buffer) == n, "published", timeout_s=30)
+        await eventually(lambda: len(pub._buffer) == n, "published", timeout=30)
         feed.start()
-        await until(lambda: feed.last_seq == n - 1, "whole buffer replayed", timeout_s=30)
+        await eventually(lambda: feed.last_seq == n - 1, "whole buffer replayed", timeout=30)
         assert hits(index, w.url, [n]) == (PAGE, PAGE)
         assert feed.batches_applied == n and feed.resets == 0
     finally:
@@ -158,14 +158,14 @@ async def test_stalled_stream_behind_a_frozen_proxy_is_dropped_and_resynced(
     try:
         await following(feed, pub, index)
         pub.publish([stored([1, 2, 3], None)])
-        await until(lambda: hits(index, w.url, [1, 2, 3]) == (3 * PAGE, 3 * PAGE), "stored")
+        await eventually(lambda: hits(index, w.url, [1, 2, 3]) == (3 * PAGE, 3 * PAGE), "stored")
         proxy.freeze()
         # the worker's cache is flushed behind the frozen stream
         pub.publish([AllBlocksCleared()])
         t0 = time.monotonic()
-        await until(lambda: hits(index, w.url, [1, 2, 3]) == (0, 0), "stale view dropped")
+        await eventually(lambda: hits(index, w.url, [1, 2, 3]) == (0, 0), "stale view dropped")
         assert time.monotonic() - t0 < 4.0
-        await until(lambda: feed.stalls + feed.reconnects >= 1, "connection dropped")
+        await eventually(lambda: feed.stalls + feed.reconnects >= 1, "connection dropped")
     finally:
         await feed.stop()
         await proxy.close()
@@ -185,12 +185,12 @@ async def test_idle_probe_notices_batches_the_live_stream_never_delivered(
     try:
         await following(feed, pub, index)
         pub.publish([stored([1, 2], None)])
-        await until(lambda: hits(index, w.url, [1, 2])[0] == 2 * PAGE, "stored")
+        await eventually(lambda: hits(index, w.url, [1, 2])[0] == 2 * PAGE, "stored")
         pub.drop_seq(pub.next_seq)  # never sent live; replayable
         pub.publish([AllBlocksCleared(), stored([7], None)])
-        await until(lambda: feed.stalls == 1, "stall noticed", timeout_s=6)
+        await eventually(lambda: feed.stalls == 1, "stall noticed", timeout=6)
         # re-synced from the replay buffer on a fresh connection: the flush is seen
-        await until(lambda: hits(index, w.url, [7]) == (PAGE, PAGE), "re-synced", timeout_s=6)
+        await eventually(lambda: hits(index, w.url, [7]) == (PAGE, PAGE), "re-synced", timeout=6)
         assert hits(index, w.url, [1, 2]) == (0, 0)
     finally:
         await feed.stop()
@@ -206,11 +206,11 @@ async def test_worker_back_on_new_ports_is_rediscovered(make_worker: Callable[..
     try:
         await following(feed, pub, index)
         pub.publish([stored([1], None)])
-        await until(lambda: hits(index, w.url, [1]) == (PAGE, PAGE), "stored")
+        await eventually(lambda: hits(index, w.url, [1]) == (PAGE, PAGE), "stored")
         pub.close()  # the worker restarts, its KV events on other ports
         w.pub = pub = KvEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "kv")
         w.kv = kv_descriptor(pub, "kv")
-        await until(lambda: hits(index, w.url, [1]) == (0, 0), "old view dropped")
+        await eventually(lambda: hits(index, w.url, [1]) == (0, 0), "old view dropped")
         deadline = time.monotonic() + 10
         while hits(index, w.url, [5]) != (PAGE, PAGE):
             assert time.monotonic() < deadline, "new endpoints never followed"
@@ -280,7 +280,7 @@ async def test_foreign_kv_event_host_is_refused_unless_trusted(
     feed = KvEventFeed(w.url, KvIndex(), config=FAST)
     feed.start()
     try:
-        await until(lambda: feed.events_enabled is not None, "discovered")
+        await eventually(lambda: feed.events_enabled is not None, "discovered")
         assert feed.state().refused and feed.events_enabled is False
         assert "refused" in caplog.text and "10.255.255.1" in caplog.text
     finally:
@@ -288,7 +288,7 @@ async def test_foreign_kv_event_host_is_refused_unless_trusted(
     trusted = KvEventFeed(w.url, KvIndex(), config=FeedConfig(trust_endpoints=True))
     trusted.start()
     try:
-        await until(lambda: trusted.events_enabled is not None, "discovered")
+        await eventually(lambda: trusted.events_enabled is not None, "discovered")
         assert trusted.events_enabled and not trusted.state().refused
     finally:
         await trusted.stop()

@@ -10,23 +10,12 @@ from smetric_router.core.kv_events import (
     AllBlocksCleared,
     AnyEvent,
     BlockRemoved,
-    BlockStored,
     KVEventBatch,
 )
 from smetric_router.features.hashing import page_hashes
+from tests.helpers.kv_events import stored
 
 PAGE = 16
-
-
-def stored(hashes: list[int], parent: int | None, medium: str | None = GPU) -> BlockStored:
-    return BlockStored(
-        block_hashes=hashes,
-        parent_block_hash=parent,
-        token_ids=[0] * (PAGE * len(hashes)),
-        block_size=PAGE,
-        lora_id=None,
-        medium=medium,
-    )
 
 
 def batch(*events: AnyEvent) -> KVEventBatch:

@@ -7,7 +7,8 @@ import time
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.core.kv_events import CPU_PINNED, GPU, AllBlocksCleared, BlockRemoved
-from tests.cluster.test_kv_index import PAGE, RadixModel, batch, brute, random_path, stored
+from tests.cluster.test_kv_index import PAGE, RadixModel, batch, brute, random_path
+from tests.helpers.kv_events import stored
 
 
 def test_store_under_an_unknown_parent_is_matched_by_its_deepest_page() -> None:

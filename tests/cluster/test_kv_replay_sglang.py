@@ -16,7 +16,8 @@ import pytest
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.subscriber import FeedConfig, KvEventFeed
 from smetric_router.launch.ports import free_ports
-from tests.cluster.test_subscriber import PAGE, Worker, hits, make_worker, until
+from tests.cluster.test_subscriber import PAGE, Worker, hits, make_worker
+from tests.helpers.polling import eventually
 from tests.sglang_env import require_sglang_python
 
 __all__ = ["make_worker"]
@@ -80,7 +81,7 @@ async def test_warm_start_from_sglangs_publisher_gets_its_whole_buffer(
         feed = KvEventFeed(w.url, index, config=FeedConfig(replay_timeout_s=1.0))
         t0 = time.monotonic()
         feed.start()
-        await until(lambda: feed is not None and feed.last_seq == N - 1, "replayed", 30)
+        await eventually(lambda: feed is not None and feed.last_seq == N - 1, "replayed", 30)
         print(f"warm start took {time.monotonic() - t0:.1f} s")
         assert feed.batches_applied == 10000 and feed.resets == 0
         # a chain whose first 40,000 pages were announced before the buffer's start: the index

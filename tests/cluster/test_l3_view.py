@@ -1,6 +1,6 @@
 """The router's L3 view (cluster/l3_view.py) against a real mooncake_master: what it reports is
 what the master holds under SGLang's keys; an outage is 'unknown', never a miss; a restarted
-master (empty) resets it."""
+master (empty) resets it. Against a fake master's /metrics: junk in the page does not crash it."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from smetric_router.cluster.kv_index import L3_MEDIUM, KvIndex
-from smetric_router.cluster.l3_view import EventsL3, L3Config, L3State, MasterL3
+from smetric_router.cluster.l3_view import EventsL3, L3Config, L3State, MasterL3, _parse_metrics
 from smetric_router.core.kv_events import BlockRemoved, BlockStored, KVEventBatch
 from smetric_router.core.mooncake_keys import page_stems
 from smetric_router.core.types import RequestFeatures
@@ -177,3 +179,69 @@ async def test_events_source_keeps_one_l3_set_for_all_workers() -> None:
     assert index.l3_pages == 3
     index.clear_l3()
     assert index.l3_pages == 0
+
+
+# --- the master's /metrics read with prometheus_client's parser, junk and all ----------------
+
+MASTER_PAGE = """\
+# HELP master_key_count Total number of keys managed by the master
+# TYPE master_key_count gauge
+master_key_count 7
+# HELP master_mount_segment_requests_total Total number of MountSegment requests received
+# TYPE master_mount_segment_requests_total counter
+master_mount_segment_requests_total 2
+# HELP master_ping_requests_total Total number of ping requests received
+# TYPE master_ping_requests_total counter
+master_ping_requests_total 12
+"""
+JUNK = [
+    "garbage without a value\n",
+    'master_key_count{unterminated="x 1\n',
+    "master_key_count not-a-number\n",
+    "\x00\xff binary\n",
+    "{} 1\n",
+]
+COUNTERS = {"master_key_count": 7.0, "master_mount_segment_requests_total": 2.0,
+            "master_ping_requests_total": 12.0}  # fmt: skip
+
+
+@pytest.mark.parametrize("junk", JUNK)
+def test_junk_in_the_masters_page_costs_only_its_own_lines(junk: str) -> None:
+    assert _parse_metrics(junk + MASTER_PAGE + junk) == COUNTERS
+    # a labelled sample is not one of the master's (unlabelled) counters
+    assert _parse_metrics(MASTER_PAGE + 'master_key_count{shard="1"} 99\n') == COUNTERS
+
+
+class FakeMaster:
+    """A master's /metrics page, whatever the test sets it to."""
+
+    def __init__(self) -> None:
+        self.page = MASTER_PAGE
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.page)
+
+
+async def test_a_malformed_page_does_not_crash_the_view() -> None:
+    fake = FakeMaster()
+    await fake.server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            v = MasterL3(L3Config(f"http://127.0.0.1:{fake.server.port}", health_interval_s=3600))
+            await v.start(session)
+            assert (v.state, v.stats.keys) == (L3State.OK, 7)
+            for page in [*JUNK, "master_key_count NaN\n", "master_key_count +Inf\n", ""]:
+                fake.page = page
+                await v.check_health()
+                # reachable and answering: up, whatever it wrote; no key count it could read
+                assert (state(v), v.stats.outages, v.stats.keys) == (L3State.OK, 0, None), page
+            fake.page = MASTER_PAGE
+            await v.check_health()
+            monotone = ("master_ping_requests_total", "master_mount_segment_requests_total")
+            assert (v.stats.keys, v._counters) == (7, {k: COUNTERS[k] for k in monotone})
+            await v.stop()
+    finally:
+        await fake.server.close()

@@ -8,9 +8,7 @@ cached_tokens of each request. Here the index built from those bytes must say th
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any
@@ -30,6 +28,7 @@ from smetric_router.core.kv_events import (
 from tests.cluster.recorded_worker import RecordedWorker
 from tests.fixtures.kv_events import Message, Phase, load
 from tests.fixtures.kv_events.truths import Truths
+from tests.helpers.polling import eventually
 
 CONFIG = FeedConfig(replay_timeout_s=0.5, retry_max_s=0.2)
 REC = load()
@@ -176,16 +175,8 @@ def test_replay_answers_decode_and_equal_the_live_stream() -> None:
 # --- the feed over sockets that send the recorded bytes -------------------------------------
 
 
-async def until(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.01)
-
-
 def at_seq(feed: KvEventFeed, seq: int) -> Callable[[], bool]:
-    """Whether the feed has applied batch `seq` (a loop's `until` condition, bound to this seq)."""
+    """Whether the feed has applied batch `seq` (an `eventually` condition bound to this seq)."""
     return lambda: feed.last_seq == seq
 
 
@@ -202,9 +193,9 @@ async def joined(w: RecordedWorker, index: KvIndex) -> KvEventFeed:
     feed = KvEventFeed(w.url, index, config=CONFIG)
     feed.start()
     await w.subscribed()
-    await until(lambda: feed.last_seq == 1, "warm start from the replay socket")
+    await eventually(lambda: feed.last_seq == 1, "warm start from the replay socket")
     # the second round finds nothing after seq 1: the end of the buffer is confirmed
-    await until(lambda: w.replay_starts == [0, 2], "warm start confirmed")
+    await eventually(lambda: w.replay_starts == [0, 2], "warm start confirmed")
     return feed
 
 
@@ -222,12 +213,12 @@ async def play(
         for m in REC.sub[start : phase.sub_through]:
             await w.send(m, lost=m.seq in lost)
             if after_seq and m.seq in after_seq:
-                await until(at_seq(feed, m.seq), f"seq {m.seq}")
+                await eventually(at_seq(feed, m.seq), f"seq {m.seq}")
                 after_seq[m.seq]()
         start = phase.sub_through
         if phase.last_seq in lost:  # nothing after it tells the feed it missed something
             continue
-        await until(at_seq(feed, phase.last_seq), f"after {phase.name}")
+        await eventually(at_seq(feed, phase.last_seq), f"after {phase.name}")
         after_phase(phase)
 
 

@@ -17,31 +17,13 @@ from smetric_router.core.kv_events import (
     GPU,
     AllBlocksCleared,
     BlockRemoved,
-    BlockStored,
 )
 from smetric_router.emulator.kv_publisher import KvEventPublisher
+from tests.helpers.kv_events import stored
+from tests.helpers.polling import eventually
 
 PAGE = 16
 CONFIG = FeedConfig(replay_timeout_s=0.5, retry_max_s=0.2)
-
-
-def stored(hashes: list[int], parent: int | None, medium: str = GPU) -> BlockStored:
-    return BlockStored(
-        block_hashes=hashes,
-        parent_block_hash=parent,
-        token_ids=list(range(PAGE * len(hashes))),
-        block_size=PAGE,
-        lora_id=None,
-        medium=medium,
-    )
-
-
-async def until(cond: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.01)
 
 
 def port(endpoint: str) -> int:
@@ -115,7 +97,7 @@ async def following(feed: KvEventFeed, pub: KvEventPublisher, index: KvIndex) ->
         assert time.monotonic() < deadline, "feed never joined the live stream"
         pub.publish([stored([-1], None)])
         await asyncio.sleep(0.02)
-    await until(lambda: feed.last_seq == pub.next_seq - 1, "feed caught up")
+    await eventually(lambda: feed.last_seq == pub.next_seq - 1, "feed caught up")
 
 
 async def test_end_to_end_warm_start_live_events_and_tiers(
@@ -128,15 +110,17 @@ async def test_end_to_end_warm_start_live_events_and_tiers(
     feed = KvEventFeed(w.url, index, config=CONFIG)
     feed.start()
     try:
-        await until(lambda: hits(index, w.url, [1, 2, 3]) == (2 * PAGE, 2 * PAGE), "warm start")
+        await eventually(
+            lambda: hits(index, w.url, [1, 2, 3]) == (2 * PAGE, 2 * PAGE), "warm start"
+        )
         assert feed.events_enabled and feed.connected and feed.state().block_size == PAGE
         await following(feed, pub, index)
         pub.publish([stored([3], 2, CPU_PINNED)])
-        await until(lambda: hits(index, w.url, [1, 2, 3]) == (2 * PAGE, 3 * PAGE), "host page")
+        await eventually(lambda: hits(index, w.url, [1, 2, 3]) == (2 * PAGE, 3 * PAGE), "host page")
         pub.publish([BlockRemoved(block_hashes=[2], medium=GPU)])
-        await until(lambda: hits(index, w.url, [1, 2, 3]) == (PAGE, PAGE), "GPU removal")
+        await eventually(lambda: hits(index, w.url, [1, 2, 3]) == (PAGE, PAGE), "GPU removal")
         pub.publish([AllBlocksCleared()])
-        await until(lambda: hits(index, w.url, [1]) == (0, 0), "all cleared")
+        await eventually(lambda: hits(index, w.url, [1]) == (0, 0), "all cleared")
         s = feed.state()
         assert (s.gaps_recovered, s.resets) == (0, 0)
         assert s.last_seq == pub.next_seq - 1 and s.batches_applied == pub.next_seq
@@ -156,7 +140,7 @@ async def test_gap_is_recovered_through_replay(make_worker: Callable[..., Any]) 
         pub.drop_seq(pub.next_seq)  # lost on the PUB socket, still in the replay buffer
         pub.publish([stored([10], None)])
         pub.publish([stored([11], 10)])
-        await until(lambda: hits(index, w.url, [10, 11]) == (2 * PAGE, 2 * PAGE), "recovered")
+        await eventually(lambda: hits(index, w.url, [10, 11]) == (2 * PAGE, 2 * PAGE), "recovered")
         assert (feed.gaps_recovered, feed.resets) == (1, 0)
     finally:
         await feed.stop()
@@ -171,11 +155,11 @@ async def test_unrecoverable_gap_clears_the_worker(make_worker: Callable[..., An
     try:
         await following(feed, pub, index)
         pub.publish([stored([1, 2, 3], None)])
-        await until(lambda: hits(index, w.url, [1, 2, 3])[0] == 3 * PAGE, "stored")
+        await eventually(lambda: hits(index, w.url, [1, 2, 3])[0] == 3 * PAGE, "stored")
         pub.drop_seq(pub.next_seq, replayable=False)
         pub.publish([BlockRemoved(block_hashes=[3], medium=GPU)])  # lost for good
         pub.publish([stored([20], None)])
-        await until(lambda: hits(index, w.url, [20]) == (PAGE, PAGE), "continues after gap")
+        await eventually(lambda: hits(index, w.url, [20]) == (PAGE, PAGE), "continues after gap")
         # the worker no longer holds page 3; keeping [1, 2, 3] would be a stale hit
         assert hits(index, w.url, [1, 2, 3]) == (0, 0)
         assert (feed.gaps_recovered, feed.resets) == (0, 1)
@@ -194,11 +178,11 @@ async def test_gap_without_replay_socket_clears_the_worker(
     try:
         await following(feed, pub, index)
         pub.publish([stored([1, 2], None)])
-        await until(lambda: hits(index, w.url, [1, 2])[0] == 2 * PAGE, "stored")
+        await eventually(lambda: hits(index, w.url, [1, 2])[0] == 2 * PAGE, "stored")
         pub.drop_seq(pub.next_seq)
         pub.publish([BlockRemoved(block_hashes=[2], medium=GPU)])
         pub.publish([stored([30], None)])
-        await until(lambda: hits(index, w.url, [30])[0] == PAGE, "continues after gap")
+        await eventually(lambda: hits(index, w.url, [30])[0] == PAGE, "continues after gap")
         assert hits(index, w.url, [1, 2]) == (0, 0)
         assert feed.resets == 1
     finally:
@@ -215,10 +199,10 @@ async def test_publisher_restart_clears_the_worker(make_worker: Callable[..., An
     try:
         await following(feed, old, index)
         old.publish([stored([1], None)])
-        await until(lambda: hits(index, w.url, [1])[0] == PAGE, "stored")
+        await eventually(lambda: hits(index, w.url, [1])[0] == PAGE, "stored")
         for _ in range(5):
             old.publish([stored([-1], None)])  # the new publisher's seq 0 lies well behind
-        await until(lambda: feed.last_seq == old.next_seq - 1, "caught up")
+        await eventually(lambda: feed.last_seq == old.next_seq - 1, "caught up")
         endpoint = old.endpoint
         old.close()
         new = KvEventPublisher(endpoint, topic="kv")
@@ -243,7 +227,7 @@ async def test_events_off_leaves_worker_empty(
     feed = KvEventFeed(w.url, index, config=CONFIG)
     with caplog.at_level(logging.WARNING):
         feed.start()
-        await until(lambda: feed.events_enabled is False, "server_info read")
+        await eventually(lambda: feed.events_enabled is False, "server_info read")
     assert "publishes no KV events" in caplog.text
     assert index.match([1], PAGE) == {w.url: (0, 0)}
     assert not feed.connected
@@ -260,7 +244,7 @@ async def test_hub_adds_and_removes_workers(make_worker: Callable[..., Any]) -> 
     await hub.add_worker(a.url)
     await hub.add_worker(b.url + "/")
     try:
-        await until(
+        await eventually(
             lambda: index.match([1, 2], PAGE) == {a.url: (2 * PAGE,) * 2, b.url: (PAGE,) * 2},
             "both workers indexed",
         )

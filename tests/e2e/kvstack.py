@@ -4,13 +4,11 @@ worker through SGLang's --kv-events-config."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import aiohttp
 
 from smetric_router.core.port_file import read_port_file
 from smetric_router.launch.ports import free_ports
+from tests.helpers.polling import eventually
 
 START_TIMEOUT_S = 60.0
 
@@ -40,23 +39,25 @@ class Proc:
 async def _started(argv: list[str], ready_path: str) -> Proc:
     port_file = Path(tempfile.mkdtemp(prefix="smetric-kvstack-")) / "ports.json"
     proc = subprocess.Popen([*argv, "--port-file", str(port_file)])
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while (ports := read_port_file(port_file)) is None:
+
+    def reported() -> dict[str, int] | None:
         assert proc.poll() is None, f"{argv[2]} exited with {proc.returncode}"
-        assert time.monotonic() < deadline, f"{argv[2]} reported no ports"
-        await asyncio.sleep(0.05)
+        return read_port_file(port_file)
+
+    ports = await eventually(reported, f"{argv[2]}'s ports", START_TIMEOUT_S)
     url = f"http://127.0.0.1:{ports['http']}"
     async with aiohttp.ClientSession() as http:
-        while True:
+
+        async def ready() -> bool:
             assert proc.poll() is None, f"{argv[2]} exited with {proc.returncode}"
-            assert time.monotonic() < deadline, f"{url} not ready"
             try:
                 async with http.get(url + ready_path) as r:
-                    if r.status == 200:
-                        return Proc(url, proc)
+                    return r.status == 200
             except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
+                return False
+
+        await eventually(ready, f"{url}{ready_path} ready", START_TIMEOUT_S)
+    return Proc(url, proc)
 
 
 async def start_worker(

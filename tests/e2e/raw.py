@@ -3,12 +3,13 @@ template between the test and the workers' caches), and what the router's index 
 
 from __future__ import annotations
 
-import asyncio
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+
+from tests.helpers.polling import eventually
 
 PAGE = 16  # the stacks' page size (WorkerSpec default)
 
@@ -46,17 +47,6 @@ async def listed_workers(http: aiohttp.ClientSession, router: str) -> dict[str, 
     async with http.get(f"{router}/workers") as r:
         assert r.status == 200
         return {w["url"]: w for w in (await r.json())["workers"]}
-
-
-async def eventually(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 20.0) -> Any:
-    """Poll until `probe` returns something truthy; return it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not (value := await probe()):
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-    return value
 
 
 async def wait_indexed(

@@ -18,7 +18,7 @@ from smetric_router.features.anthropic_thinking import CONTEXT_EDIT
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP, StackFactory
 from tests.e2e.raw import stream_cut_by_its_worker
-from tests.prom import sample_sum
+from tests.helpers.prometheus import total
 
 SYSTEM = "You are a coding agent working in a Python repository. " * 8
 TOOLS: list[Any] = [
@@ -257,8 +257,8 @@ async def test_thinking_for_workers_without_a_reasoning_parser(mode: str) -> Non
             async with http.get(stack.url + "/metrics") as r:
                 metrics = await r.text()
         dropped = 0 if mode == "reject" else 2
-        assert sample_sum(metrics, "smetric_anthropic_dropped_total", field="thinking") == dropped
-        edits = sample_sum(metrics, "smetric_anthropic_dropped_total", field=CONTEXT_EDIT)
+        assert total(metrics, "smetric_anthropic_dropped_total", field="thinking") == dropped
+        edits = total(metrics, "smetric_anthropic_dropped_total", field=CONTEXT_EDIT)
         assert edits == dropped
     finally:
         stack.stop()

@@ -13,7 +13,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP
-from tests.e2e.raw import PAGE, eventually, token_ids
+from tests.e2e.raw import PAGE, token_ids
+from tests.helpers.polling import eventually
 
 KEY, ADMIN, WORKER_KEY = "client-key-1", "admin-key-2", "worker-key-3"
 

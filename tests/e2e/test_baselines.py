@@ -11,7 +11,8 @@ import pytest
 from smetric_router.launch import Stack
 from smetric_router.policies import policy_names
 from tests.e2e.conftest import ROUTER_ARGS, StackFactory
-from tests.e2e.raw import eventually, generate, token_ids
+from tests.e2e.raw import generate, token_ids
+from tests.helpers.polling import eventually
 from tests.reported import reported
 
 BASELINES = [p for p in policy_names() if not p.startswith("smetric")]

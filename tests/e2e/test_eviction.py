@@ -8,13 +8,13 @@ import aiohttp
 from tests.e2e.conftest import StackFactory
 from tests.e2e.raw import (
     PAGE,
-    eventually,
     generate,
     listed_workers,
     router_hits,
     token_ids,
     wait_indexed,
 )
+from tests.helpers.polling import eventually
 
 GPU_KV_TOKENS = 2048
 

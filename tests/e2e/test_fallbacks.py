@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 
 from tests.e2e.conftest import StackFactory
-
-
-async def eventually(probe: Callable[[], Any], what: str, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await probe():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+from tests.helpers.polling import eventually
 
 
 class Session:

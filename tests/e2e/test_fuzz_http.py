@@ -34,6 +34,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from smetric_router.core.port_file import read_port_file
+from tests.helpers.polling import eventually_sync
+from tests.helpers.prometheus import total
 
 MODEL = "fuzz-model"
 EXAMPLES = int(os.environ.get("SMETRIC_FUZZ_EXAMPLES", "10000"))
@@ -645,11 +647,7 @@ def requests(draw: st.DrawFn) -> Request:
 def _inflight(stack: Stack) -> float:
     status, _, body = _get(stack.host, stack.port, "/metrics")
     assert status == 200
-    total = 0.0
-    for line in body.decode().splitlines():
-        if line.startswith("smetric_worker_inflight{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return total(body.decode(), "smetric_worker_inflight")
 
 
 def _check(stack: Stack, r: Request, a: Answer) -> None:
@@ -708,10 +706,7 @@ def test_fuzzed_requests_get_no_5xx_and_the_router_serves_on(stack: Stack) -> No
     )
     assert a.status == 200, a.body
     assert json.loads(a.body)["choices"][0]["message"]["content"]
-    deadline = time.monotonic() + 10
-    while (n := _inflight(stack)) != 0:
-        assert time.monotonic() < deadline, f"in-flight gauge stuck at {n}"
-        time.sleep(0.05)
+    eventually_sync(lambda: _inflight(stack) == 0, "the in-flight gauge back to 0", 10)
 
 
 # What the fuzzing found, one by one ----------------------------------------------------------

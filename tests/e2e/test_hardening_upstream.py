@@ -19,6 +19,7 @@ import pytest
 
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP, StackFactory
+from tests.helpers.polling import eventually
 
 SOFT, HARD = 128, 256
 CLIENTS = 600
@@ -28,18 +29,17 @@ def _low_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (SOFT, HARD))
 
 
-async def _ready(url: str, deadline_s: float = 60.0) -> None:
-    deadline = time.monotonic() + deadline_s
+async def _ready(url: str) -> None:
     async with aiohttp.ClientSession() as s:
-        while True:
+
+        async def ready() -> bool:
             try:
                 async with s.get(url + "/readiness") as r:
-                    if r.status == 200:
-                        return
+                    return r.status == 200
             except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, "the router never became ready"
-            await asyncio.sleep(0.1)
+                return False
+
+        await eventually(ready, "the router ready", 60)
 
 
 async def _flood(url: str) -> Counter[str]:
@@ -77,11 +77,12 @@ async def test_fd_exhaustion_answers_503_and_leaves_workers_healthy(
     with log_path.open("w") as log:
         proc = subprocess.Popen(argv, preexec_fn=_low_fd_limit, stdout=log, stderr=log)
     try:
-        deadline = time.monotonic() + 60
-        while not port_file.exists() or not port_file.read_text().strip():
+
+        def written() -> bool:
             assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "no port file"
-            await asyncio.sleep(0.05)
+            return port_file.exists() and bool(port_file.read_text().strip())
+
+        await eventually(written, "the port file", 60)
         url = f"http://127.0.0.1:{json.loads(port_file.read_text())['http']}"
         await _ready(url)
         limits = Path(f"/proc/{proc.pid}/limits").read_text()

@@ -16,7 +16,8 @@ from collections import Counter
 import aiohttp
 
 from tests.e2e.kvstack import Proc, start_router, start_worker, worker_probe
-from tests.e2e.raw import PAGE, eventually, generate, router_hits, token_ids
+from tests.e2e.raw import PAGE, generate, router_hits, token_ids
+from tests.helpers.polling import eventually
 
 SESSIONS = 24
 SYSTEM = token_ids(seed=1, n=64)  # shared by every session: announced once, at the start

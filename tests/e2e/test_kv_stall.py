@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestServer
 
 from tests.cluster.frozen_proxy import FrozenProxy
 from tests.e2e.kvstack import Proc, start_router, start_worker, worker_probe
-from tests.e2e.raw import eventually, generate, router_hits, token_ids, wait_indexed
+from tests.e2e.raw import generate, router_hits, token_ids, wait_indexed
+from tests.helpers.polling import eventually
 
 _HOP = {"content-length", "transfer-encoding", "connection", "content-encoding"}
 

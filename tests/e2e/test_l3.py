@@ -7,7 +7,6 @@ restarted. Every request is answered throughout.
 from __future__ import annotations
 
 import re
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +22,8 @@ from smetric_router.launch import ClusterSpec, MooncakeSpec, RouterSpec, Stack, 
 from smetric_router.launch.ports import free_ports
 from smetric_router.launch.stack import MASTER
 from tests.e2e.conftest import SPEEDUP
+from tests.helpers.polling import eventually_sync
+from tests.helpers.prometheus import metric
 from tests.mooncake_keys import require_mooncake
 
 PAGE = 16
@@ -55,25 +56,10 @@ def chat(stack: Stack, messages: list[ChatCompletionMessageParam]) -> dict[str, 
     return {k: raw.headers[k] for k in ("x-smetric-hit", "x-smetric-tier", "x-smetric-reason")}
 
 
-def metric(stack: Stack, name: str) -> float:
-    with urllib.request.urlopen(stack.url + "/metrics") as r:
-        text = r.read().decode()
-    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
-    assert m, f"{name} not in /metrics"
-    return float(m.group(1))
-
-
 def l3_of(headers: dict[str, str]) -> str:
     m = re.search(r"l3=(\w+)", headers["x-smetric-hit"])
     assert m, headers
     return m.group(1)
-
-
-def until(cond: Any, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def test_router_reports_l3_hits_unknown_during_an_outage_and_resets_after_a_restart(
@@ -99,23 +85,23 @@ def test_router_reports_l3_hits_unknown_during_an_outage_and_resets_after_a_rest
 
     # Nothing in L3 yet: a miss (0), not unknown. The worker then writes the prompt through.
     assert l3_of(chat(stack, conv)) == "0"
-    until(lambda: router_l3() == full)
+    eventually_sync(lambda: router_l3() == full, "the prompt in the router's L3 view", 30)
     headers = chat(stack, conv)
     assert l3_of(headers) == str(full)
-    assert metric(stack, "smetric_l3_known") == 1.0
+    assert metric(stack.url, "smetric_l3_known") == 1.0
 
     # Master down: requests still answered, L3 'unknown', the outage in the metrics.
     master = next(c for c in stack.children if c.name == MASTER and c.proc is not None)
     assert master.proc is not None
     master.proc.kill()
     master.proc.wait(10)
-    until(lambda: metric(stack, "smetric_l3_known") == 0.0)
+    eventually_sync(lambda: metric(stack.url, "smetric_l3_known") == 0.0, "L3 unknown", 30)
     for _ in range(3):
         assert l3_of(chat(stack, conv)) == "unknown"
-    assert metric(stack, "smetric_l3_outages_total") == 1.0
+    assert metric(stack.url, "smetric_l3_outages_total") == 1.0
 
     # Master back, empty: the router's view resets and the prompt is a miss until rewritten.
     stack.start_mooncake()
-    until(lambda: metric(stack, "smetric_l3_known") == 1.0)
-    assert metric(stack, "smetric_l3_resets_total") == 1.0
+    eventually_sync(lambda: metric(stack.url, "smetric_l3_known") == 1.0, "L3 known again", 30)
+    assert metric(stack.url, "smetric_l3_resets_total") == 1.0
     assert router_l3() == 0

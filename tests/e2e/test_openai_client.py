@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import StackFactory
+from tests.helpers.polling import eventually
 
 
 async def test_openai_client_chat_and_completions(make_stack: StackFactory) -> None:
@@ -67,15 +66,13 @@ async def test_generate_with_turn_hint_and_bad_input(make_stack: StackFactory) -
         # KV events reach the router asynchronously: wait until it has indexed the first prompt.
         prompt_pages = (first["meta_info"]["prompt_tokens"] - 1) // stack.spec.workers.page_size
         assert prompt_pages >= 4
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 20
-        while True:
+
+        async def indexed() -> bool:
             async with http.get(f"{stack.url}/workers") as r:
                 pages = {w["url"]: w["kv_pages"]["gpu"] for w in (await r.json())["workers"]}
-            if pages[home] >= prompt_pages:
-                break
-            assert loop.time() < deadline, pages
-            await asyncio.sleep(0.05)
+            return bool(pages[home] >= prompt_pages)
+
+        await eventually(indexed, f"{prompt_pages} pages of the first prompt indexed on {home}")
         # A hinted follow-up carrying the first prompt as its history sticks to its cache holder.
         body = {"text": "hello " * 40 + first["text"] + " more", "smetric": {"turn": 1},
                 "sampling_params": {"max_new_tokens": 4}}  # fmt: skip

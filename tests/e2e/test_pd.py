@@ -12,7 +12,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from smetric_router.launch import ClusterSpec, PdSpec, RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP
-from tests.e2e.raw import eventually, listed_workers
+from tests.e2e.raw import listed_workers
+from tests.helpers.polling import eventually
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ answers. Stopping the launcher's router stops every replica."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -16,6 +15,7 @@ from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from smetric_router.loadgen.sessions import run_sessions
 from smetric_router.router.cli import replica_argv
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP
+from tests.helpers.polling import eventually_sync
 from tests.launch.test_launcher_process import _alive
 
 
@@ -48,15 +48,14 @@ def pids(stack: Stack, n: int = 40) -> set[int]:
 
 def ready_everywhere(stack: Stack, timeout: float = 60) -> set[int]:
     """Both replicas answering, each with every worker healthy."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def both() -> set[int]:
         with urllib.request.urlopen(stack.url + "/readiness") as r:
             ok = json.load(r)["healthy_workers"] == 3
         seen = pids(stack)
-        if ok and len(seen) == 2:
-            return seen
-        assert time.monotonic() < deadline, f"replicas seen: {seen}"
-        time.sleep(0.2)
+        return seen if ok and len(seen) == 2 else set()
+
+    return eventually_sync(both, "both replicas ready with every worker healthy", timeout)
 
 
 def test_replicas_accept_each_others_response_ids(stack: Stack) -> None:
@@ -91,7 +90,4 @@ async def test_replicas_share_the_port_and_keep_sessions_sticky(stack: Stack) ->
     sticky_same = [f for p, f in pairs if f.reason == "sticky" and f.worker == p.worker]
     assert len(sticky_same) >= 0.9 * len(pairs), report.summary()
     stack.stop()
-    deadline = time.monotonic() + 30
-    while any(_alive(p) for p in seen):
-        assert time.monotonic() < deadline, "a replica outlived the stack"
-        time.sleep(0.1)
+    eventually_sync(lambda: not any(_alive(p) for p in seen), "every replica gone", 30)

@@ -4,7 +4,6 @@ router's decisions, that without one nothing changes, and per-endpoint metrics a
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import aiohttp
@@ -13,7 +12,9 @@ import pytest
 from smetric_router.policies.session_home import rank
 from smetric_router.router.routing import Endpoint
 from tests.e2e.conftest import StackFactory
-from tests.e2e.test_fallbacks import eventually, worker_state
+from tests.e2e.test_fallbacks import worker_state
+from tests.helpers.polling import eventually
+from tests.helpers.prometheus import total
 
 CLAUDE_CODE = "x-claude-code-session-id"
 
@@ -147,16 +148,6 @@ BODIES: dict[str, dict[str, Any]] = {
 }
 
 
-def counter(metrics: str, name: str, **labels: str) -> float:
-    """The sum of a counter's samples whose labels include `labels`."""
-    total = 0.0
-    for m in re.finditer(rf"^{name}\{{([^}}]*)\}} ([0-9.e+-]+)$", metrics, re.M):
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
-
-
 @pytest.mark.parametrize("endpoint", [e.value for e in Endpoint])
 async def test_each_endpoint_has_its_own_metrics_and_decision_headers(
     make_stack: StackFactory, endpoint: str
@@ -180,7 +171,7 @@ async def test_each_endpoint_has_its_own_metrics_and_decision_headers(
         after = await scrape()
 
     def delta(name: str, **labels: str) -> float:
-        return counter(after, name, **labels) - counter(before, name, **labels)
+        return total(after, name, **labels) - total(before, name, **labels)
 
     assert delta("smetric_requests_total", endpoint=endpoint, status="200") == 1
     assert delta("smetric_endpoint_decisions_total", endpoint=endpoint, reason=reason) == 1

@@ -22,7 +22,7 @@ import pytest
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from smetric_router.router.drain import SHUTDOWN_CODE
 from tests.e2e.conftest import ROUTER_ARGS
-from tests.e2e.raw import eventually
+from tests.helpers.polling import eventually
 from tests.launch.test_launcher_process import _alive
 
 GRACE_S = 3.0
@@ -116,11 +116,8 @@ async def _inflight(http: aiohttp.ClientSession, url: str) -> int:
 
 
 async def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while (rc := proc.poll()) is None:
-        assert time.monotonic() < deadline, "the router did not exit in time"
-        await asyncio.sleep(0.05)
-    return rc
+    await eventually(lambda: proc.poll() is not None, "the router's exit", timeout)
+    return proc.returncode
 
 
 async def test_sigterm_drains_open_streams_then_ends_the_rest(stack: Stack) -> None:
@@ -254,7 +251,7 @@ async def test_a_client_that_stops_reading_does_not_hold_the_shutdown(fast: Stac
         assert sock.recv(1024).startswith(b"HTTP/1.1 200")  # then it reads nothing more
         router = _router(fast)
         await eventually(
-            lambda: _async(_router_sending(router) > 64 << 10),
+            lambda: _router_sending(router) > 64 << 10,
             "the router's send queue to the client filling up",
             timeout=30.0,
         )
@@ -262,7 +259,3 @@ async def test_a_client_that_stops_reading_does_not_hold_the_shutdown(fast: Stac
         assert await _wait_exit(router, GRACE_S + EXIT_BOUND_S) == 0
     finally:
         sock.close()
-
-
-async def _async(value: bool) -> bool:
-    return value

@@ -9,6 +9,7 @@ import pytest
 from smetric_router.emulator.__main__ import config_from_args, parse_args
 from smetric_router.engine.engine import Engine
 from tests.emulator.conftest import MODEL, PAGE, Worker
+from tests.helpers.prometheus import value
 
 
 async def test_health_and_ready(worker: Worker) -> None:
@@ -19,8 +20,7 @@ async def test_health_and_ready(worker: Worker) -> None:
     _, metrics = await worker.get("/metrics")
     assert f'sglang:num_requests_total{{engine_type="unified",model_name="{MODEL}"' in metrics
     assert 'sglang:prompt_tokens_total{engine_type="unified"' in metrics
-    line = next(x for x in metrics.splitlines() if x.startswith("sglang:num_requests_total"))
-    assert line.endswith(" 0.0")
+    assert value(metrics, "sglang:num_requests_total") == 0
 
 
 async def test_server_info_says_emulated_and_describes_kv_events(worker: Worker) -> None:
@@ -64,17 +64,13 @@ async def test_loads_and_metrics_count_traffic(worker: Worker) -> None:
     assert 'sglang_num_running_reqs{dp_rank="0"} 0' in prom
 
     _, metrics = await worker.get("/metrics")
-    values = {
-        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("sglang:")
-    }
-    assert values["sglang:num_requests_total"] == 2
-    assert values["sglang:prompt_tokens_total"] == 80
-    assert values["sglang:generation_tokens_total"] == 10
-    assert values["sglang:cached_tokens_total"] == 32  # the second request hit two full pages
-    assert values["sglang:num_running_reqs"] == 0
-    assert values["sglang:page_size"] == PAGE
+    assert value(metrics, "sglang:num_requests_total") == 2
+    assert value(metrics, "sglang:prompt_tokens_total") == 80
+    assert value(metrics, "sglang:generation_tokens_total") == 10
+    # the second request hit two full pages
+    assert value(metrics, "sglang:cached_tokens_total") == 32
+    assert value(metrics, "sglang:num_running_reqs") == 0
+    assert value(metrics, "sglang:page_size") == PAGE
 
 
 async def test_flush_cache_clears_it_and_refuses_when_busy(worker: Worker) -> None:

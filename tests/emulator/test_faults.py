@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import pytest
 
 from tests.emulator.conftest import MODEL, Worker
+from tests.helpers.polling import eventually
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -18,11 +18,11 @@ async def _running(worker: Worker) -> int:
     return int(loads["loads"][0]["num_running_reqs"] + loads["loads"][0]["num_waiting_reqs"])
 
 
-async def _until_idle(worker: Worker, deadline_s: float = 5.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while await _running(worker):
-        assert time.monotonic() < deadline, "the engine still holds the request"
-        await asyncio.sleep(0.01)
+async def _until_idle(worker: Worker) -> None:
+    async def idle() -> bool:
+        return not await _running(worker)
+
+    await eventually(idle, "the engine letting go of the request")
 
 
 async def test_no_fault_is_armed_by_default(worker: Worker) -> None:
@@ -100,9 +100,6 @@ async def test_client_going_away_aborts_its_request(worker: Worker) -> None:
 
     # not streamed: the handler is cancelled when the connection closes
     task = asyncio.ensure_future(worker.post("/generate", {**body, "stream": False}))
-    deadline = time.monotonic() + 5
-    while not await _running(worker):
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    await eventually(lambda: _running(worker), "the request in the engine")
     task.cancel()
     await _until_idle(worker)

@@ -39,6 +39,7 @@ from smetric_router.emulator.tokenizer import load_tokenizer
 from smetric_router.engine.engine import Engine
 from smetric_router.launch.ports import free_port
 from tests.emulator.conftest import PAGE, make_config
+from tests.helpers.polling import eventually
 from tests.mooncake_keys import (
     capacity,
     client_env,
@@ -121,13 +122,6 @@ def prompt(seed: int) -> list[int]:
     return [1000 + (i * 37 + seed * 7919) % 20000 for i in range(PAGES * PAGE)] + [7]
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.05)
-
-
 def stored(store: Any, ids: list[int]) -> Callable[[], Awaitable[bool]]:
     keys = sglang_page_keys(MODEL, ids[: PAGES * PAGE], PAGE)
 
@@ -152,7 +146,7 @@ async def test_pages_reach_the_store_under_sglang_keys_and_serve_another_worker(
     async with workers_on(master, 2) as (a, b):
         cold = await a.generate(ids)
         assert cold["cached_tokens"] == 0 and cold["cached_tokens_details"] is None, cold
-        await until(stored(checker, ids), "A's pages under SGLang's keys")
+        await eventually(stored(checker, ids), "A's pages under SGLang's keys")
         # B never saw the prompt: its hit can only come from the store
         assert_from_l3(await b.generate(ids))
         # A with its own cache flushed: from the store as well
@@ -174,7 +168,7 @@ async def test_clearing_the_storage_backend_empties_the_store_for_every_worker(
     checker = await asyncio.to_thread(pure_client, master)
     async with workers_on(master, 2) as (a, b):
         await a.generate(ids)
-        await until(stored(checker, ids), "A's pages in the store")
+        await eventually(stored(checker, ids), "A's pages in the store")
         keys = sglang_page_keys(MODEL, ids[: PAGES * PAGE], PAGE)
 
         async def cleared() -> bool:
@@ -186,7 +180,7 @@ async def test_clearing_the_storage_backend_empties_the_store_for_every_worker(
             return not set(keys) & await asyncio.to_thread(master.keys)
 
         # remove_all keeps an object for the master's lease after its last put or get (5 s)
-        await until(cleared, "the store emptied once the objects' leases ended", timeout=30)
+        await eventually(cleared, "the store emptied once the objects' leases ended", timeout=30)
         assert await asyncio.to_thread(pages_present, checker, keys) == [0] * PAGES
         meta = await b.generate(ids)
         assert meta["cached_tokens"] == 0, meta
@@ -200,7 +194,7 @@ async def test_master_outage_serves_local_only_and_a_restarted_master_is_empty(
             before = prompt(2)
             await a.generate(before)
             checker = await asyncio.to_thread(pure_client, master)
-            await until(stored(checker, before), "A's pages in the store")
+            await eventually(stored(checker, before), "A's pages in the store")
 
             master.kill()
             # answered without waiting on the dead master (its calls block ~4.3 s each)
@@ -210,15 +204,15 @@ async def test_master_outage_serves_local_only_and_a_restarted_master_is_empty(
             assert during["cached_tokens"] == 0, during  # the store counts as a miss
             assert (await a.generate(prompt(3)))["cached_tokens"] == 0
             for w in (a, b):
-                await until(partial(_tier_is, w, up=False), "the outage noticed")
+                await eventually(partial(_tier_is, w, up=False), "the outage noticed")
             assert (await b.generate(before))["cached_tokens"] == PAGES * PAGE  # local: device
 
             master.start()
             for w in (a, b):
-                await until(partial(_tier_is, w, up=True), "the master back", timeout=30)
+                await eventually(partial(_tier_is, w, up=True), "the master back", timeout=30)
             # the clients mount their segments again by themselves, a moment after reconnecting
             # (a put before that fails for want of space, rc -200, and is dropped)
-            await until(lambda: _capacity(master, 2 * SEGMENT), "the segments mounted again")
+            await eventually(lambda: _capacity(master, 2 * SEGMENT), "the segments mounted again")
             # nothing survives a restart, and nothing of the outage is written late
             assert await asyncio.to_thread(master.keys) == set()
             fresh = await asyncio.to_thread(pure_client, master)
@@ -230,7 +224,7 @@ async def test_master_outage_serves_local_only_and_a_restarted_master_is_empty(
             # and writes resume: A's new pages serve B from L3
             after = prompt(4)
             await a.generate(after)
-            await until(stored(fresh, after), "A's pages after the restart")
+            await eventually(stored(fresh, after), "A's pages after the restart")
             assert_from_l3(await b.generate(after))
 
 
@@ -297,7 +291,7 @@ async def test_sglangs_own_key_function_finds_the_emulated_pages(master: Master)
     async with workers_on(master, 1) as (a,):
         await a.generate(ids)
         checker = await asyncio.to_thread(pure_client, master)
-        await until(stored(checker, ids), "the pages in the store")
+        await eventually(stored(checker, ids), "the pages in the store")
         # while A is up: its objects live in the segment it lends
         out = await asyncio.to_thread(run_sglang_script, L3_KEYS, json.dumps(arg), timeout=300)
     assert out["exist"] == [1] * (2 * PAGES), out

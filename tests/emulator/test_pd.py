@@ -17,6 +17,7 @@ from smetric_router.emulator.pd import transfer_seconds
 from smetric_router.engine.api import EngineConfig
 from smetric_router.features.hashing import page_hashes
 from tests.emulator.conftest import MODEL, PAGE, Worker, free_ports, make_config, serving
+from tests.helpers.polling import eventually
 
 KV_TIMEOUT_S = 0.5
 _rooms = itertools.count(1 << 40)
@@ -51,15 +52,15 @@ def chat(content: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
             **extra}  # fmt: skip
 
 
-async def _idle(w: Worker, deadline_s: float = 5.0) -> dict[str, Any]:
-    deadline = time.monotonic() + deadline_s
-    while True:
+async def _idle(w: Worker) -> dict[str, Any]:
+    """The worker's /v1/loads entry once it holds no request."""
+
+    async def entry() -> dict[str, Any] | None:
         _, loads = await w.get("/v1/loads")
         entry: dict[str, Any] = loads["loads"][0]
-        if entry["num_running_reqs"] + entry["num_waiting_reqs"] == 0:
-            return entry
-        assert time.monotonic() < deadline, f"{w.url} still holds requests: {entry}"
-        await asyncio.sleep(0.01)
+        return entry if entry["num_running_reqs"] + entry["num_waiting_reqs"] == 0 else None
+
+    return await eventually(entry, f"{w.url} holding no request")
 
 
 async def test_pair_answers_what_a_colocated_worker_answers(

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from smetric_router.launch import ClusterSpec, PdSpec, Stack, load_spec, plan_wo
 from smetric_router.launch.kinds.sglang import mooncake_master_argv
 from smetric_router.launch.ports import free_ports
 from smetric_router.launch.stack import MASTER, Child
+from tests.helpers.polling import eventually_sync
 from tests.mooncake_keys import (
     capacity,
     pages_present,
@@ -99,7 +98,9 @@ def test_the_spec_starts_serves_from_the_store_and_stops_the_master_last(
             assert r.status == 200
         keys = sglang_page_keys(spec.workers.model_name, ids[: 8 * 16], 16)
         checker = pure_client(view)
-        _wait(lambda: pages_present(checker, keys) == [1] * 8, "the prompt's pages in the store")
+        eventually_sync(
+            lambda: pages_present(checker, keys) == [1] * 8, "the prompt's pages in the store"
+        )
         checker.close()  # before the master goes
 
         rounds: list[list[str]] = []
@@ -123,10 +124,3 @@ def test_the_spec_starts_serves_from_the_store_and_stops_the_master_last(
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.load(r)
-
-
-def _wait(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.05)

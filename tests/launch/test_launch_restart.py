@@ -14,7 +14,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import pytest
 from smetric_router.launch import ClusterSpec, Stack
 from smetric_router.launch import stack as stack_mod
 from smetric_router.launch.stack import RESTART_CAP_S, pin_ports, restart_delay
+from tests.helpers.polling import eventually_sync
 from tests.launch.test_launcher_process import _alive
 
 MODEL = "qwen3-coder-30b-a3b-emulated"
@@ -43,11 +43,7 @@ def test_pin_ports_gives_the_reported_ports_to_their_flags() -> None:
     ]  # fmt: skip
 
 
-def _wait(cond: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+WAIT_S = 30.0  # restarts back off for seconds: room for a few of them
 
 
 def test_supervise_backs_off_while_a_child_keeps_dying(
@@ -65,7 +61,8 @@ def test_supervise_backs_off_while_a_child_keeps_dying(
             starts.append(child.started_at)
         return child.restarts >= n
 
-    _wait(lambda: restarted(3), "three restarts")
+    # each check runs the supervisor: every 50 ms at the most, as its loop would
+    eventually_sync(lambda: restarted(3), "three restarts", WAIT_S, interval=0.05)
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     # 0.5, 1 and 2 s after each quick death (plus the child's own short life)
     for gap, delay in zip(gaps, [0.5, 1.0, 2.0], strict=True):
@@ -75,7 +72,9 @@ def test_supervise_backs_off_while_a_child_keeps_dying(
     assert any("flaky keeps failing: 3 exits in a row" in r.getMessage() for r in caplog.records)
 
     # a run longer than STABLE_S starts a new streak: the next restart comes after the base delay
-    _wait(lambda: child.proc is not None and child.proc.poll() is not None, "the 4th exit")
+    eventually_sync(
+        lambda: child.proc is not None and child.proc.poll() is not None, "the 4th exit", WAIT_S
+    )
     child.started_at -= stack_mod.STABLE_S
     stack.supervise()
     assert child.quick_deaths == 1 and child.restart_at is not None
@@ -149,25 +148,36 @@ def test_launcher_restarts_a_killed_worker_and_router_on_their_ports(tmp_path: P
         subprocess.run(["kill", "-9", str(victim)], check=True)
         log = log_path.read_text
 
-        _wait(lambda: re.search(rf"\(pid {victim}\) exited with code -9", log()), "the exit log")
-        _wait(lambda: "restarted worker-" in log(), "the restart log")
+        eventually_sync(
+            lambda: re.search(rf"\(pid {victim}\) exited with code -9", log()),
+            "the exit log",
+            WAIT_S,
+        )
+        eventually_sync(lambda: "restarted worker-" in log(), "the restart log", WAIT_S)
         restarted = re.search(r"restarted (worker-\d) \(restart 1, pid (\d+)\): .* --port (\d+) ",
                               log())  # fmt: skip
         assert restarted, log()
         assert f"http://127.0.0.1:{restarted[3]}" in worker_urls  # the same port
         assert int(restarted[2]) != victim and proc.poll() is None
         seen.add(int(restarted[2]))
-        _wait(lambda: f"{restarted[1]} is back" in log(), "the worker ready again")
-        _wait(
+        eventually_sync(
+            lambda: f"{restarted[1]} is back" in log(), "the worker ready again", WAIT_S
+        )
+        eventually_sync(
             lambda: all(w["healthy"] for w in _workers(url)) and len(_workers(url)) == 2,
             "the router to see both workers healthy",
+            WAIT_S,
         )
         assert all(_chat(url) == 200 for _ in range(4))
 
         # kill -9 the router: it comes back on the same port
         subprocess.run(["kill", "-9", str(router)], check=True)
-        _wait(lambda: re.search(rf"router \(pid {router}\) exited with code -9", log()), "exit")
-        _wait(lambda: "router is back" in log(), "the router ready again", timeout=60)
+        eventually_sync(
+            lambda: re.search(rf"router \(pid {router}\) exited with code -9", log()),
+            "exit",
+            WAIT_S,
+        )
+        eventually_sync(lambda: "router is back" in log(), "the router ready again", 60)
         assert _get(f"{url}/readiness") == 200
         assert _chat(url) == 200
         assert proc.poll() is None  # the launcher itself never stopped

@@ -24,7 +24,7 @@ from smetric_router.launch.tiny_model import ensure_tiny_model
 from tests.agents import clis
 from tests.agents.recorder import Recorder, recording
 from tests.agents.sessions import assert_served
-from tests.prom import sample_sum, scrape
+from tests.helpers.prometheus import scrape, total
 from tests.real_sglang.conftest import MODEL, ROUTER_ARGS, require_sglang_env
 
 pytestmark = pytest.mark.sglang
@@ -87,7 +87,7 @@ async def test_claude_code_one_turn_on_real_sglang(
     # a continuation (after an answer that ran into the cap) carries the answer so far: sticky;
     # a retry after an empty answer, or a side query, starts over: balanced
     assert {e.reason for e in posts} <= {"first-turn-balance", "sticky"}, posts
-    dropped = sample_sum(scrape(stack.url), "smetric_anthropic_dropped_total", field="thinking")
+    dropped = total(scrape(stack.url), "smetric_anthropic_dropped_total", field="thinking")
     assert dropped >= len(posts) >= 1
 
 

@@ -18,8 +18,9 @@ from smetric_router.features.chat_tokenizer import load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.launch import Stack
 from smetric_router.launch.kinds.sglang import tokenizer_path
+from tests.helpers.polling import eventually_sync
 from tests.real_sglang.conftest import MODEL, flush, post_json
-from tests.real_sglang.test_router_over_sglang import _views_agree, eventually
+from tests.real_sglang.test_router_over_sglang import _views_agree
 
 pytestmark = pytest.mark.sglang
 
@@ -83,7 +84,9 @@ def test_tool_use_session_sticks_with_sglang_cache_hits(sglang_stack: Stack, str
     # every full page of exactly those ids.
     ids = features.prompt_token_ids(features.messages_chat(body))
     assert len(ids) == previous
-    views = eventually(_views_agree(sglang_stack, [ids]), "index == probe for the Messages ids")
+    views = eventually_sync(
+        _views_agree(sglang_stack, [ids]), "index == probe for the Messages ids"
+    )
     assert views[workers[0]][0][0] == len(ids) // PAGE * PAGE, views
 
     # count_tokens: the router's local answer equals the worker's own

@@ -10,13 +10,13 @@ and by the first one after its cache was flushed.
 
 from __future__ import annotations
 
-import time
 import urllib.request
 from typing import Any
 
 import pytest
 
 from smetric_router.launch import Stack
+from tests.helpers.polling import eventually_sync
 from tests.real_sglang.conftest import PAGE, generate, l3_pages
 
 pytestmark = pytest.mark.sglang
@@ -30,10 +30,12 @@ def test_pages_written_through_to_mooncake_are_served_from_l3(mooncake_stack: St
     cold = generate(first, ids)
     assert cold["cached_tokens"] == 0, cold
 
-    deadline = time.monotonic() + 30
-    while (pages := l3_pages(mooncake_stack, ids[: PAGES * PAGE])) != [1] * PAGES:
-        assert time.monotonic() < deadline, f"pages in L3: {pages}"
-        time.sleep(0.5)
+    eventually_sync(
+        lambda: l3_pages(mooncake_stack, ids[: PAGES * PAGE]) == [1] * PAGES,
+        "the prompt's pages in L3",
+        30,
+        interval=0.5,
+    )
 
     # the other worker never saw the prompt: its hit can only come from the store
     assert_from_l3(generate(other, ids))

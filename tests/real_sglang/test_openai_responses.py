@@ -19,8 +19,9 @@ from smetric_router.features.chat_tokenizer import load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
 from smetric_router.launch import Stack
 from smetric_router.launch.kinds.sglang import tokenizer_path
+from tests.helpers.polling import eventually_sync
 from tests.real_sglang.conftest import MODEL, flush
-from tests.real_sglang.test_router_over_sglang import _views_agree, eventually
+from tests.real_sglang.test_router_over_sglang import _views_agree
 
 pytestmark = pytest.mark.sglang
 
@@ -107,6 +108,8 @@ def test_router_pages_are_the_workers_for_a_stateless_request(sglang_stack: Stac
     chat = features.responses_chat(body)
     ids = features.prompt_token_ids(chat)
     assert features.from_chat(chat).prompt_len == len(ids) == reply.usage.input_tokens
-    views = eventually(_views_agree(sglang_stack, [ids]), "index == probe for the Responses ids")
+    views = eventually_sync(
+        _views_agree(sglang_stack, [ids]), "index == probe for the Responses ids"
+    )
     worker = raw.headers["x-smetric-worker"]
     assert views[worker][0][0] == len(ids) // PAGE * PAGE, views

@@ -16,7 +16,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from smetric_router.launch import (
     Stack,
     WorkerSpec,
 )
+from tests.helpers.polling import eventually
 from tests.real_sglang.conftest import (
     MAX_TOTAL_TOKENS,
     MODEL,
@@ -101,17 +102,6 @@ def decode_paused(stack: Stack) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not reached in {timeout:.0f}s (last: {value!r})")
-        await asyncio.sleep(0.1)
 
 
 async def _get(http: aiohttp.ClientSession, url: str) -> Any:

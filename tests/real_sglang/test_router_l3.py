@@ -33,6 +33,8 @@ from smetric_router.features.extract import FeatureExtractor
 from smetric_router.launch import Stack
 from smetric_router.launch.kinds.sglang import tokenizer_path
 from smetric_router.launch.stack import MASTER
+from tests.helpers.polling import eventually_sync
+from tests.helpers.prometheus import metric
 from tests.real_sglang.conftest import MODEL, PAGE, get_json, post_json
 
 pytestmark = pytest.mark.sglang
@@ -61,11 +63,9 @@ def leading_in_master(stack: Stack, digests: bytes) -> int:
 
 def quiet_store(stack: Stack, timeout: float = 60) -> None:
     """Wait until the master's key count stops moving (write-through of earlier requests done)."""
-    deadline, last, stable = time.monotonic() + timeout, -1, 0
+    deadline, last, stable = time.monotonic() + timeout, -1.0, 0
     while time.monotonic() < deadline and stable < 3:
-        with urllib.request.urlopen(master_url(stack) + "/metrics") as r:
-            m = re.search(rb"^master_key_count (\d+)", r.read(), re.M)
-        count = int(m.group(1)) if m else -1
+        count = metric(master_url(stack), "master_key_count")
         stable = stable + 1 if count == last else 0
         last = count
         time.sleep(0.5)
@@ -89,13 +89,6 @@ def l3_of(headers: dict[str, str]) -> str:
     m = re.search(r"l3=(\w+)", headers["x-smetric-hit"])
     assert m, headers
     return m.group(1)
-
-
-def metric(stack: Stack, name: str) -> float:
-    with urllib.request.urlopen(stack.url + "/metrics") as r:
-        m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", r.read().decode(), re.M)
-    assert m, f"{name} not in /metrics"
-    return float(m.group(1))
 
 
 def features(stack: Stack) -> FeatureExtractor:
@@ -166,15 +159,17 @@ def events_router(stack: Stack, tmp_path: Path) -> Iterator[str]:
             "--log-level", "warning", "--tokenizer-path", tokenizer_path(stack.spec.sglang),
             "--l3-view", "events", "--worker-urls", *urls]  # fmt: skip
     proc = subprocess.Popen(argv)
+
+    def reported() -> bool:
+        assert proc.poll() is None, "the events router exited"
+        return port_file.exists()
+
     try:
-        deadline = time.monotonic() + 60
-        while not port_file.exists() and time.monotonic() < deadline:
-            assert proc.poll() is None, "the events router exited"
-            time.sleep(0.1)
+        eventually_sync(reported, "the events router's port file", 60)
         url = f"http://127.0.0.1:{json.loads(port_file.read_text())['http']}"
-        while get_json(url + "/readiness")["status"] != "ready":
-            assert time.monotonic() < deadline, "the events router never got ready"
-            time.sleep(0.1)
+        eventually_sync(
+            lambda: get_json(url + "/readiness")["status"] == "ready", "the events router ready", 60
+        )
         yield url
     finally:
         proc.terminate()
@@ -201,10 +196,8 @@ def test_both_l3_sources_agree_with_the_master(mooncake_stack: Stack, tmp_path: 
         f = features(stack).from_chat(body)
         held = leading_in_master(stack, f.page_digests) * PAGE
         assert held >= 16 * PAGE
-        deadline = time.monotonic() + 30  # the write-through's events trail the store's ack
-        while l3_answer(events_url, ids) != held and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert l3_answer(events_url, ids) == held  # the fork's L3 events
+        # the fork's L3 events (the write-through's events trail the store's ack)
+        eventually_sync(lambda: l3_answer(events_url, ids) == held, "the L3 events' view", 30)
         assert l3_answer(stack.url, ids) == held  # the master's API
 
 
@@ -221,22 +214,18 @@ def test_master_killed_and_restarted_mid_run(mooncake_stack: Stack) -> None:
             assert master.proc is not None
             master.proc.kill()
             master.proc.wait(10)
-            deadline = time.monotonic() + 10
-            while metric(stack, "smetric_l3_known") != 0.0 and time.monotonic() < deadline:
-                time.sleep(0.2)
+            eventually_sync(lambda: metric(stack.url, "smetric_l3_known") == 0.0, "L3 unknown", 10)
         if turn == 4:
             stack.start_mooncake()
-            deadline = time.monotonic() + 30
-            while metric(stack, "smetric_l3_known") != 1.0 and time.monotonic() < deadline:
-                time.sleep(0.2)
+            eventually_sync(lambda: metric(stack.url, "smetric_l3_known") == 1.0, "L3 known", 30)
         headers, reply = chat(stack, conv)  # answered whatever the store's state
         seen.append(l3_of(headers))
         conv += [{"role": "assistant", "content": reply.choices[0].message.content},
                  {"role": "user", "content": f"Next step {turn}."}]  # fmt: skip
     assert seen[2] == seen[3] == "unknown", seen
     assert seen[4] != "unknown" and seen[5] != "unknown", seen
-    assert metric(stack, "smetric_l3_outages_total") >= 1
-    assert metric(stack, "smetric_l3_resets_total") >= 1
-    assert metric(stack, "smetric_l3_known") == 1.0
+    assert metric(stack.url, "smetric_l3_outages_total") >= 1
+    assert metric(stack.url, "smetric_l3_resets_total") >= 1
+    assert metric(stack.url, "smetric_l3_known") == 1.0
     workers = get_json(stack.url + "/workers")["workers"]
     assert all(w["healthy"] for w in workers), workers

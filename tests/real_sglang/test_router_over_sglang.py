@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from smetric_router.features.extract import FeatureExtractor
 from smetric_router.launch import Stack, free_port
 from smetric_router.launch.kinds.sglang import model_path, sglang_python, tokenizer_path
 from smetric_router.launch.spec import SglangSpec
+from tests.helpers.polling import eventually_sync
 from tests.real_sglang.conftest import MODEL, flush, get_json, post_json
 
 pytestmark = pytest.mark.sglang
@@ -38,18 +38,6 @@ SYSTEM = "You are a coding agent. You read files, run tools and edit code until 
 def _task(sid: int, words: int) -> str:
     vocab = ["read", "file", "src", "main", "test", "error", "line", "def", "class", "return"]
     return f"Task {sid}: " + " ".join(vocab[(sid * 7 + i * 3) % len(vocab)] for i in range(words))
-
-
-def eventually(check: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    """Poll `check` until it returns a truthy value; fail with its last value after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not reached in {timeout:.0f}s (last: {value!r})")
-        time.sleep(0.1)
 
 
 # --- chat through the router -------------------------------------------------------------------
@@ -210,7 +198,7 @@ async def test_agent_sessions_with_tools_stick(sglang_stack: Stack) -> None:
                 messages.append({"role": "tool", "tool_call_id": f"c{turn}",
                                  "content": f"\n  {turn} failed"})  # fmt: skip
     assert reasons.count("sticky") == 8, reasons
-    views = eventually(
+    views = eventually_sync(
         _views_agree(sglang_stack, [last_ids]), "index == probe for the last request's ids"
     )
     # the last request's worker holds its whole prompt (page-aligned) on the device tier
@@ -261,24 +249,24 @@ def test_kv_index_equals_the_patched_probe_per_tier(sglang_stack: Stack) -> None
     _generate(w0, a)
     _generate(w0, b)
     _generate(w1, c)
-    views = eventually(_views_agree(sglang_stack, prompts), "index == probe after inserts")
+    views = eventually_sync(_views_agree(sglang_stack, prompts), "index == probe after inserts")
     assert views[w0][0] == (592, 592) and views[w0][1] == (288, 288)
     assert views[w1][4] == (592, 592) and views[w1][0] == (0, 0)
 
     # push a and b out of w0's device tier (6,144-token pool) into its host tier
     for seed in range(10, 22):
         _generate(w0, _ids(seed, 600))
-    views = eventually(_views_agree(sglang_stack, prompts), "index == probe after evictions")
+    views = eventually_sync(_views_agree(sglang_stack, prompts), "index == probe after evictions")
     device, host = views[w0][0]
     assert device < 592 and host == 592, views[w0]
 
     # a host hit is loaded back to the device and reported as cached by SGLang
     out = post_json(w0 + "/generate", {"input_ids": a, "sampling_params": {"max_new_tokens": 1}})
     assert out["meta_info"]["cached_tokens"] >= 592 - device
-    eventually(_views_agree(sglang_stack, prompts), "index == probe after a host hit")
+    eventually_sync(_views_agree(sglang_stack, prompts), "index == probe after a host hit")
 
     flush(sglang_stack)
-    views = eventually(_views_agree(sglang_stack, prompts), "index == probe after flush")
+    views = eventually_sync(_views_agree(sglang_stack, prompts), "index == probe after flush")
     assert all(v == (0, 0) for per in views.values() for v in per)
 
 
@@ -294,7 +282,7 @@ def probe_router(sglang_stack: Stack) -> Iterator[str]:
     proc = subprocess.Popen(argv, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        eventually(lambda: _ready(url), "probe router ready", timeout=30)
+        eventually_sync(lambda: _ready(url), "probe router ready", timeout=30)
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -363,7 +351,7 @@ def test_peer_routers_accept_the_workers(sglang_stack: Stack, peer: str) -> None
             except (urllib.error.URLError, OSError):
                 return None
 
-        reply = eventually(answer, f"{peer} answers a chat completion", timeout=60)
+        reply = eventually_sync(answer, f"{peer} answers a chat completion", timeout=60)
         assert reply["usage"]["completion_tokens"] == 4 and reply["choices"][0]["message"]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

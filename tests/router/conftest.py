@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar, overload
@@ -91,12 +89,3 @@ async def make_router(codec: Any) -> AsyncIterator[MakeRouter]:
     yield make
     for s in servers:
         await s.close()
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll `check` until it holds; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.01)

@@ -169,3 +169,23 @@ class FakeWorker:
             return resp
         await resp.write_eof()
         return resp
+
+
+class DroppingWorker(FakeWorker):
+    """Reads a generation request, then drops the connection without a byte (a worker killed by
+    the request it was running), while `budget` lasts: a one-item list the workers of a test
+    share, so that whichever gets the first request drops it. Mixed in before FakeDecode, a
+    dropping decode."""
+
+    def __init__(self, name: str, *, budget: list[int], **kw: Any) -> None:
+        super().__init__(name, **kw)
+        self.budget = budget
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        if self.budget[0] > 0:
+            self.budget[0] -= 1
+            self.bodies.append(await request.json())
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
+        return await super()._generate(request)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import aiohttp
 
 from smetric_router.core.types import RequestFeatures
-from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker
 from tests.router.fakes import free_port
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -57,19 +58,19 @@ async def test_health_checks_exclude_and_readmit(
     router = await make_router([a.url, b.url], health_check_interval_secs=0.05)
     registry = router.state.registry
     a.healthy = False
-    await eventually(lambda: not registry.workers[a.url].healthy)
+    await eventually(lambda: not registry.workers[a.url].healthy, "a excluded by its health check")
     async with aiohttp.ClientSession() as s:
         for _ in range(4):
             async with s.post(router.url + "/v1/chat/completions", json=CHAT) as resp:
                 assert resp.headers["x-smetric-worker"] == b.url
         b.healthy = False
-        await eventually(lambda: not registry.healthy())
+        await eventually(lambda: not registry.healthy(), "no worker healthy")
         async with s.get(router.url + "/readiness") as resp:
             assert resp.status == 503
         async with s.get(router.url + "/health") as resp:
             assert resp.status == 200  # the router itself is alive
         a.healthy = True
-        await eventually(lambda: registry.workers[a.url].healthy)
+        await eventually(lambda: registry.workers[a.url].healthy, "a healthy again")
         async with s.get(router.url + "/readiness") as resp:
             assert resp.status == 200
         async with s.post(router.url + "/v1/chat/completions", json=CHAT) as resp:
@@ -95,7 +96,7 @@ async def test_unreachable_start_worker_joins_when_it_comes_up(
 
         late = await make_worker("late", model="late-model", port=port)
         assert late.url == late_url
-        await eventually(lambda: registry.workers[late_url].healthy)
+        await eventually(lambda: registry.workers[late_url].healthy, "the late worker healthy")
         # Joined with what it reports: its model is routed to it, and only to it.
         assert registry.workers[late_url].models == {"late-model"}
         async with s.post(router.url + "/v1/chat/completions", json=late_chat) as resp:
@@ -141,7 +142,7 @@ async def test_reported_load_steers_balance(
     a.running_reqs, a.waiting_reqs = 5, 2  # e.g. dispatched by another router replica
     router = await make_router([a.url, b.url], load_poll_interval_secs=0.05)
     registry = router.state.registry
-    await eventually(lambda: registry.workers[a.url].reported_load == 7)
+    await eventually(lambda: registry.workers[a.url].reported_load == 7, "a's reported load")
     async with aiohttp.ClientSession() as s:
         for _ in range(3):
             async with s.post(router.url + "/v1/chat/completions", json=CHAT) as resp:
@@ -160,8 +161,10 @@ async def test_reported_running_batch_fills_the_view(
     b.running_reqs, b.waiting_reqs = 3, 0
     router = await make_router([a.url, b.url], load_poll_interval_secs=0.05, policy="lmetric")
     registry = router.state.registry
-    await eventually(lambda: registry.workers[b.url].reported_running == 3)
-    await eventually(lambda: registry.workers[a.url].reported_load == 7)
+    await eventually(
+        lambda: registry.workers[b.url].reported_running == 3, "b's reported running requests"
+    )
+    await eventually(lambda: registry.workers[a.url].reported_load == 7, "a's reported load")
     features = RequestFeatures(prompt_len=100, page_hashes=(), page_size=16, turn=0, est_hit=0)
     view = router.state.router.snapshot(features, None)
     assert {v.url: (v.running, v.load) for v in view.workers} == {

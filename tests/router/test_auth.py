@@ -14,7 +14,8 @@ from multidict import CIMultiDict
 
 from smetric_router.router.cli import build_parser, config_from_args
 from smetric_router.router.config import RouterConfig
-from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker
 from tests.router.fakes import FakeWorker
 from tests.router.pd_fakes import FakeDecode, FakePrefill, Hub
 
@@ -241,7 +242,10 @@ async def test_worker_key_on_generation_and_on_the_routers_own_calls(
         health_check_interval_secs=0.05,
         load_poll_interval_secs=0.05,
     )
-    await eventually(lambda: "/health" in w.auth and "/v1/loads" in w.auth)
+    await eventually(
+        lambda: "/health" in w.auth and "/v1/loads" in w.auth,
+        "the health and load probes sent with the key",
+    )
     async with aiohttp.ClientSession() as s:
         async with s.post(router.url + "/v1/chat/completions", json=CHAT, headers=bearer(KEY)) as r:
             assert r.status == 200

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -13,6 +12,7 @@ import pytest
 
 from smetric_router.core.port_file import read_port_file
 from smetric_router.router.cli import build_parser, config_from_args
+from tests.helpers.polling import eventually
 from tests.router.conftest import MakeWorker
 
 
@@ -62,26 +62,23 @@ def test_bad_flags_exit_with_usage_error(argv: list[str]) -> None:
 
 
 async def _wait_ok(s: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:
-    deadline = time.monotonic() + 20
-    while True:
+    async def ok() -> bool:
         assert proc.returncode is None, "router exited during start-up"
         try:
             async with s.get(url) as resp:
-                if resp.status == 200:
-                    return
+                return resp.status == 200
         except aiohttp.ClientConnectionError:
-            pass
-        assert time.monotonic() < deadline, f"{url} not ready"
-        await asyncio.sleep(0.05)
+            return False
+
+    await eventually(ok, f"{url} ready")
 
 
 async def _reported(path: Path, proc: asyncio.subprocess.Process) -> dict[str, int]:
-    deadline = time.monotonic() + 20
-    while (ports := read_port_file(path)) is None:
+    def ports() -> dict[str, int] | None:
         assert proc.returncode is None, "router exited during start-up"
-        assert time.monotonic() < deadline, "router reported no ports"
-        await asyncio.sleep(0.05)
-    return ports
+        return read_port_file(path)
+
+    return await eventually(ports, "the router's ports")
 
 
 async def test_process_serves_and_stops_on_sigterm(make_worker: MakeWorker, tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker
 
 
 def assert_openai_error(body: Any, code: str | None = None) -> None:
@@ -76,7 +77,7 @@ async def test_no_healthy_worker_is_503(make_worker: MakeWorker, make_router: Ma
     w.healthy = False
     router = await make_router([w.url], health_check_interval_secs=0.05)
     registry = router.state.registry
-    await eventually(lambda: not registry.healthy())  # the first health check excludes it
+    await eventually(lambda: not registry.healthy(), "the first health check excluding it")
     async with aiohttp.ClientSession() as s:
         body = {"text": "hello"}
         async with s.post(router.url + "/generate", json=body) as resp:

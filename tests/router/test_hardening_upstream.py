@@ -15,30 +15,13 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.router.conftest import MakeRouter, MakeWorker, RouterUnderTest, eventually
-from tests.router.fakes import FakeWorker
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker, RouterUnderTest
+from tests.router.fakes import DroppingWorker, FakeWorker
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 CHAT = {"model": "fake-model", "messages": MESSAGES}
 STREAM = {"text": "hello", "stream": True}
-
-
-class DroppingWorker(FakeWorker):
-    """Reads a generation request, then drops the connection without a byte (a worker killed by
-    the request it was running), while the shared budget lasts."""
-
-    def __init__(self, name: str, budget: list[int], **kw: Any) -> None:
-        super().__init__(name, **kw)
-        self.budget = budget
-
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        if self.budget[0] > 0:
-            self.budget[0] -= 1
-            self.bodies.append(await request.json())
-            assert request.transport is not None
-            request.transport.abort()
-            return web.Response()
-        return await super()._generate(request)
 
 
 class SilentStreamWorker(FakeWorker):
@@ -169,7 +152,10 @@ async def test_requests_past_the_connection_bound_wait_for_a_free_one(
         first = await s.post(router.url + "/generate", json=STREAM)
         await first.content.readuntil(b"\n\n")
         second = asyncio.create_task(s.post(router.url + "/generate", json=STREAM))
-        await eventually(lambda: router.state.proxy.upstream.waiting() == 1)
+        await eventually(
+            lambda: router.state.proxy.upstream.waiting() == 1,
+            "the second request waiting for a slot",
+        )
         assert len(w.bodies) == 1  # the second waits in the router, not at the worker
         w.release.set()
         assert (await first.read()).endswith(b"data: [DONE]\n\n")
@@ -258,7 +244,7 @@ async def test_long_non_streamed_answer_is_not_cut_by_the_first_byte_bound(
     router = await make_router([w.url], first_byte_timeout_secs=0.2, stream_idle_timeout_secs=0.2)
     async with aiohttp.ClientSession() as s:
         pending = asyncio.create_task(s.post(router.url + "/v1/chat/completions", json=CHAT))
-        await eventually(lambda: len(w.bodies) == 1)
+        await eventually(lambda: len(w.bodies) == 1, "the worker holding the request")
         await asyncio.sleep(0.6)  # well past both bounds: the answer is still awaited
         assert not pending.done()
         w.release.set()
@@ -276,7 +262,7 @@ async def test_non_streamed_request_on_a_hung_worker_ends_once_it_fails_health_c
     router = await make_router([w.url], first_byte_timeout_secs=0.2, health_check_interval_secs=0.1)
     async with aiohttp.ClientSession() as s:
         pending = asyncio.create_task(s.post(router.url + "/v1/chat/completions", json=CHAT))
-        await eventually(lambda: len(w.bodies) == 1)
+        await eventually(lambda: len(w.bodies) == 1, "the worker holding the request")
         await asyncio.sleep(0.4)  # past the bound, but the worker passes its health checks
         assert not pending.done()
         w.healthy = False  # hung as SGLang hangs: its /health fails too

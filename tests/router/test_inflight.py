@@ -11,7 +11,8 @@ import aiohttp
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.core.kv_events import GPU, BlockRemoved, KVEventBatch
-from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker
 
 
 def ids(seed: int, n: int) -> list[int]:
@@ -84,7 +85,7 @@ async def _concurrent_rounds(
     async with aiohttp.ClientSession() as http:
         url = router.url + "/generate"
         first = asyncio.create_task(post(http, url, {"input_ids": ROUND_1}))
-        await eventually(lambda: sum(len(w.bodies) for w in workers) == 1)
+        await eventually(lambda: sum(len(w.bodies) for w in workers) == 1, "round 1 at a worker")
         holder = next(w for w in workers if w.bodies)
         for w in workers:
             w.stall = False  # round 1 stays held; later requests are answered at once

@@ -13,7 +13,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker
 from tests.router.fakes import FakeWorker
 from tests.router.test_pd import CHAT
 
@@ -93,9 +94,9 @@ async def test_malformed_reply_is_a_502_and_the_next_request_is_served(
     assert err["type"] == "server_error"
     assert err["code"] == ("worker_lost" if reply in BAD_BODIES.values() else "worker_unavailable")
     assert PARTIAL not in raw
-    await eventually(lambda: upstream.open == 0)  # closed, not pooled
+    await eventually(lambda: upstream.open == 0, "the connection closed, not pooled")
     if not w.close_after:
-        await eventually(lambda: w.closed_by_router == 1)
+        await eventually(lambda: w.closed_by_router == 1, "the router closing the connection")
     w.raw = None  # the worker mends its ways: the next request gets a connection of its own
     status, raw = await _ask(router.url, CHAT)
     assert status == 200 and orjson.loads(raw)["choices"][0]["message"]["content"] == "hello from a"
@@ -132,4 +133,4 @@ async def test_stream_whose_framing_breaks_mid_way_ends_with_an_error_event(
     error = orjson.loads(events[1][len(b"data: ") :])["error"]
     assert error["code"] == "worker_lost" and "chunk size" in error["message"]
     assert events[2:] == [b"data: [DONE]", b""]
-    await eventually(lambda: router.state.proxy.upstream.open == 0)
+    await eventually(lambda: router.state.proxy.upstream.open == 0, "no connection open")

@@ -14,7 +14,8 @@ import asyncio
 import aiohttp
 
 from smetric_router.router.workers import Role, Worker
-from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker
 from tests.router.test_pd_policy import chat, first_turn, flood, start
 
 
@@ -41,12 +42,15 @@ async def test_bootstrap_queue_requests_count_while_the_prefill_reports_none(
     a.waiting_uncached = 0  # ... and, like SGLang, reports none of it as waiting uncached tokens
     async with aiohttp.ClientSession() as s:
         pending = await flood(s, router.url, a, b)
-        await eventually(lambda: registry.workers[b.url].tokens == 0)
+        await eventually(lambda: registry.workers[b.url].tokens == 0, "b done with its requests")
         own = worker.tokens
         assert own > 700  # the long prompt, unprefilled
         # Several fresh reports of 0 arrive after the dispatch: the load stays the own count.
         since = worker.reported_at
-        await eventually(lambda: worker.reported_at > since + 0.2 and worker.reported_load == 0)
+        await eventually(
+            lambda: worker.reported_at > since + 0.2 and worker.reported_load == 0,
+            "fresh reports of no load",
+        )
         async with s.get(router.url + "/workers") as resp:
             listed = {w["url"]: w for w in (await resp.json())["workers"]}
         assert listed[a.url]["load"] == own and listed[a.url]["reported_load"] == 0
@@ -57,4 +61,7 @@ async def test_bootstrap_queue_requests_count_while_the_prefill_reports_none(
         a.release.set()  # the decode bootstrapped: the prefill runs and hands the KV over
         await asyncio.gather(*pending)
     assert worker.tokens == 0
-    await eventually(lambda: worker.load(worker.reported_at, registry.max_load_age) == 0)
+    await eventually(
+        lambda: worker.load(worker.reported_at, registry.max_load_age) == 0,
+        "the prefill's load back to 0",
+    )

@@ -16,7 +16,7 @@ from smetric_router.router.app import RUNNER_OPTIONS, RouterState, build_app
 from smetric_router.router.assemble import make_state
 from smetric_router.router.config import RouterConfig
 from tests.emulator.conftest import MODEL, Worker, make_config, serving
-from tests.router.conftest import eventually
+from tests.helpers.polling import eventually
 
 KV_TIMEOUT_S = 0.5
 
@@ -68,7 +68,7 @@ async def test_follow_up_sticks_to_the_prefill_whose_kv_events_hold_it() -> None
         assert answer
         assert state.hits is not None
         hits = state.hits
-        await eventually(lambda: hits.stats(first).gpu_pages > 0)  # its KV events arrived
+        await eventually(lambda: hits.stats(first).gpu_pages > 0, "the first prompt's KV events")
         messages += [
             {"role": "assistant", "content": answer},
             {"role": "user", "content": "Open the README."},
@@ -81,7 +81,7 @@ async def test_follow_up_sticks_to_the_prefill_whose_kv_events_hold_it() -> None
             assert stream.headers["x-smetric-reason"] == "sticky"
             text = "".join([c.choices[0].delta.content or "" async for c in stream.parse()])
             assert text
-        await eventually(lambda: released(state))
+        await eventually(lambda: released(state), "every pair released")
 
 
 async def test_prefill_withholding_its_kv_gives_the_client_an_error() -> None:
@@ -108,4 +108,4 @@ async def test_prefill_withholding_its_kv_gives_the_client_an_error() -> None:
             # The fault is spent: the next request is served.
             async with s.post(url + "/v1/chat/completions", json=body) as r:
                 assert r.status == 200
-        await eventually(lambda: released(state))
+        await eventually(lambda: released(state), "every pair released")

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 import aiohttp
 import orjson
 
-from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker
 from tests.router.test_pd import CHAT, Pd, start_pd
 
 
@@ -104,7 +105,7 @@ async def test_decode_lost_mid_stream_ends_with_an_error_event_then_done(
     assert events[0] == b'data: {"text":"a"}'
     assert orjson.loads(events[1][len(b"data: ") :])["error"]["code"] == "worker_lost"
     assert events[2:] == [b"data: [DONE]", b""]
-    await eventually(lambda: all_released(pd))
+    await eventually(lambda: all_released(pd), "every pair released")
 
 
 async def test_prefill_that_never_hands_over_ends_in_the_decodes_error(
@@ -141,9 +142,11 @@ async def test_client_leaving_releases_both_sides(
     prefill.stall = True
     async with aiohttp.ClientSession() as s:
         task = asyncio.create_task(s.post(pd.url + "/v1/chat/completions", json=CHAT))
-        await eventually(lambda: pd.worker(prefill.url).tokens > 0)
+        await eventually(
+            lambda: pd.worker(prefill.url).tokens > 0, "the prefill counting the request's tokens"
+        )
         task.cancel()
-    await eventually(lambda: all_released(pd))
+    await eventually(lambda: all_released(pd), "every pair released")
     prefill.stall = False
     prefill.release.set()
     status, _, _ = await post(pd, CHAT)

@@ -4,13 +4,11 @@ shortage is a 503 that blames no worker, a silent decode is bounded."""
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import orjson
 import pytest
-from aiohttp import web
 
 from tests.router.conftest import MakeRouter, MakeWorker
+from tests.router.fakes import DroppingWorker
 from tests.router.pd_fakes import FakeDecode, FakePrefill, Hub
 from tests.router.test_hardening_upstream import NoDescriptors
 from tests.router.test_pd import CHAT, Pd, start_pd
@@ -19,29 +17,20 @@ from tests.router.test_pd_faults import all_released, metrics, post
 STREAM = {**CHAT, "stream": True}
 
 
-class DroppingDecode(FakeDecode):
-    """Reads the request, then drops the connection without a byte, while the budget lasts."""
-
-    budget: ClassVar[list[int]] = [0]  # shared by the decodes of one test
-
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        if self.budget[0] > 0:
-            self.budget[0] -= 1
-            self.bodies.append(await request.json())
-            assert request.transport is not None
-            request.transport.abort()
-            return web.Response()
-        return await super()._generate(request)
+class DroppingDecode(DroppingWorker, FakeDecode):
+    """A decode that drops the request it read, while the budget lasts."""
 
 
 @pytest.mark.parametrize("retry_on_reset", [False, True])
 async def test_decode_dropping_an_accepted_request_is_retried_only_when_asked(
     make_worker: MakeWorker, make_router: MakeRouter, retry_on_reset: bool
 ) -> None:
-    DroppingDecode.budget = [1]  # whichever decode gets the first request drops it
+    budget = [1]  # whichever decode gets the first request drops it
     hub = Hub()
     prefill = await make_worker("p", cls=FakePrefill, hub=hub)
-    decodes = [await make_worker(f"d{i}", cls=DroppingDecode, hub=hub) for i in range(2)]
+    decodes = [
+        await make_worker(f"d{i}", cls=DroppingDecode, hub=hub, budget=budget) for i in range(2)
+    ]
     router = await make_router([], pd_disaggregation=True,
                                prefill=((prefill.url, prefill.bootstrap_port),),
                                decode_urls=tuple(d.url for d in decodes),

@@ -16,7 +16,8 @@ from smetric_router.cluster.kv_index import L3_MEDIUM, KvIndex
 from smetric_router.cluster.l3_view import EventsL3
 from smetric_router.core.kv_events import BlockStored, KVEventBatch
 from smetric_router.features.extract import FeatureExtractor
-from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker
 from tests.router.test_pd_policy import chat, first_turn, start
 
 PAGE = 16
@@ -38,7 +39,7 @@ async def held_tokens(
     worker = router.state.registry.workers[p.url]
     async with aiohttp.ClientSession() as s:
         pending = asyncio.create_task(chat(s, router.url, body))
-        await eventually(lambda: len(p.bodies) == 1)
+        await eventually(lambda: len(p.bodies) == 1, "the prefill holding the request")
         held = worker.tokens
         p.release.set()
         await pending

@@ -9,7 +9,8 @@ import aiohttp
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.features.extract import FeatureExtractor
-from tests.router.conftest import MakeRouter, MakeWorker, RouterUnderTest, eventually
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker, RouterUnderTest
 from tests.router.pd_fakes import FakeDecode, FakePrefill, Hub
 from tests.router.test_policy_wiring import FOLLOW_UP, store
 
@@ -66,7 +67,10 @@ async def flood(
     pending = []
     for i in range(4):
         pending.append(asyncio.create_task(chat(s, url, first_turn(i))))
-        await eventually(lambda: len(stalled.bodies) + len(other.bodies) >= len(pending))
+        await eventually(
+            lambda: len(stalled.bodies) + len(other.bodies) >= len(pending),
+            "every request so far at a prefill",
+        )
         if stalled.bodies:
             return pending
     raise AssertionError("the stalled prefill never got a request")
@@ -80,7 +84,7 @@ async def test_flooded_prefill_gets_no_first_turns_until_drained(
     a.stall = True  # a's prefills pile up: long prompts dispatched to it and not yet prefilled
     async with aiohttp.ClientSession() as s:
         pending = await flood(s, router.url, a, b)
-        await eventually(lambda: registry.workers[b.url].tokens == 0)
+        await eventually(lambda: registry.workers[b.url].tokens == 0, "b done with its requests")
         flooded = registry.workers[a.url].tokens
         assert flooded > 700  # the long prompt, unprefilled (nothing of it was cached)
         async with s.get(router.url + "/workers") as resp:
@@ -103,12 +107,12 @@ async def test_unprefilled_tokens_reported_by_the_worker_count_too(
     (a, b), _, router = await start(make_worker, make_router, 2, load_poll_interval_secs=0.05)
     worker = router.state.registry.workers[a.url]
     a.waiting_uncached = 50_000
-    await eventually(lambda: worker.reported_load == 50_000)
+    await eventually(lambda: worker.reported_load == 50_000, "a's reported waiting tokens")
     async with aiohttp.ClientSession() as s:
         for i in range(4):
             assert await chat(s, router.url, first_turn(i)) == (b.url, "first-turn-balance")
         a.waiting_uncached = 0
-        await eventually(lambda: worker.reported_load == 0)
+        await eventually(lambda: worker.reported_load == 0, "a's reported load back to 0")
         chosen = {(await chat(s, router.url, first_turn(i)))[0] for i in range(4, 6)}
     assert chosen == {a.url, b.url}
 

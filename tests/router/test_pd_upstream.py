@@ -9,7 +9,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker
 from tests.router.pd_fakes import FakeDecode, FakePrefill, Hub
 from tests.router.test_malformed_replies import BAD_BODIES, BAD_HEADS, PARTIAL
 from tests.router.test_pd import CHAT, Pd, start_pd
@@ -57,7 +58,9 @@ async def test_pd_decode_with_a_malformed_reply_is_a_502(
     assert status == 502 and PARTIAL not in raw
     assert orjson.loads(raw)["error"]["code"] == code
     assert headers["x-smetric-worker"] == decode.url
-    await eventually(lambda: router.state.proxy.upstream.open == 1)  # the prefill's, pooled
+    await eventually(
+        lambda: router.state.proxy.upstream.open == 1, "the prefill's connection pooled"
+    )
     assert all_released(pd)
 
 

@@ -11,7 +11,8 @@ from aiohttp.test_utils import TestServer
 from openai.types.chat import ChatCompletionMessageParam
 
 from smetric_router.router.app import metrics_app
-from tests.router.conftest import MakeRouter, MakeWorker, eventually
+from tests.helpers.polling import eventually
+from tests.router.conftest import MakeRouter, MakeWorker
 
 MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "be brief"},
@@ -189,7 +190,10 @@ async def test_worker_lost_mid_stream_ends_with_error_then_done(
         # The router keeps serving.
         async with s.post(router.url + "/generate", json=body) as resp:
             assert (await resp.read()).endswith(b"data: [DONE]\n\n")
-    await eventually(lambda: router.state.registry.workers[w.url].inflight == 0)
+    await eventually(
+        lambda: router.state.registry.workers[w.url].inflight == 0,
+        "the router's in-flight count back to 0",
+    )
 
 
 async def test_worker_lost_after_its_done_event_leaves_the_stream_complete(
@@ -222,7 +226,7 @@ async def test_client_leaving_mid_stream_releases_the_worker(
         await resp.content.readuntil(b"\n\n")
         assert worker.inflight == 1
         resp.close()  # the client goes away while the worker still streams
-    await eventually(lambda: worker.inflight == 0)
+    await eventually(lambda: worker.inflight == 0, "the worker's in-flight count back to 0")
     async with aiohttp.ClientSession() as s:
         w.hold_stream = False
         async with s.post(router.url + "/generate", json=body) as resp:

@@ -20,7 +20,7 @@ from smetric_router.router.upstream import (
     Upstream,
     UpstreamError,
 )
-from tests.router.conftest import eventually
+from tests.helpers.polling import eventually
 
 # Reads one request head and body, then writes the scripted reply in pieces (None: pause).
 Script = list[bytes | None]
@@ -324,7 +324,7 @@ async def test_malformed_reply_is_an_error_and_its_connection_is_closed(
     up = Upstream(connect_timeout=5)
     outcome = await _exchange(up, url)
     assert isinstance(outcome, Malformed), outcome
-    await eventually(lambda: up.open == 0)  # closed, not pooled: its slot is free
+    await eventually(lambda: up.open == 0, "the connection closed, not pooled")
     # The next request gets a connection of its own and its answer, whole.
     assert await _exchange(up, url) == (200, b"ok")
     assert serve.connections == 2
@@ -423,4 +423,4 @@ async def test_cancelled_as_its_connection_is_made_the_request_ends(
     caller.append(asyncio.create_task(up.post(url, "/", b"", b"{}", 5)))
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(asyncio.shield(caller[0]), 2)
-    await eventually(lambda: up.open == 0)
+    await eventually(lambda: up.open == 0, "no connection open")
