@@ -27,7 +27,12 @@ from smetric_router.router.auth import auth_middleware, upstream_auth_header
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
 from smetric_router.router.errors import RouterError, bad_request, no_worker
-from smetric_router.router.http_guards import add_catch_all, expect_continue, quiet_client_faults
+from smetric_router.router.http_guards import (
+    add_catch_all,
+    expect_continue,
+    hide_server,
+    quiet_client_faults,
+)
 from smetric_router.router.kv import KvFeeds
 from smetric_router.router.limits import upstream_connection_limit
 from smetric_router.router.metrics import STREAM_ERROR, L3Sample, RouterMetrics, WorkerSample
@@ -129,9 +134,6 @@ class RouterState:
             on_removed=self._worker_removed,
             headers=c.worker_headers(),
         )
-        timeout = aiohttp.ClientTimeout(
-            total=c.request_timeout_secs, sock_connect=min(10.0, c.request_timeout_secs)
-        )
         if c.pd_disaggregation:
             # The prefill side is where KV reuse pays: it gets the hits and the text tree.
             policy = make_policy(c.prefill_policy_name, c.prefill_params())
@@ -156,7 +158,7 @@ class RouterState:
             session_hints=c.session_hints,
         )
         self._upstream = Upstream(
-            connect_timeout=timeout.sock_connect or c.request_timeout_secs,
+            connect_timeout=min(10.0, c.request_timeout_secs),
             max_connections=upstream_connection_limit(c.max_upstream_connections),
         )
         self._proxy = Proxy(
@@ -173,7 +175,7 @@ class RouterState:
         if c.pd_disaggregation:
             decode_policy = make_policy(c.decode_policy, c.policy_params)
             self.pd = PdProxy(
-                session=self._session,
+                upstream=self._upstream,
                 prefill_router=self._router,
                 decode_router=Router(
                     decode_policy, self._registry, self.metrics, self.features_for, role=Role.DECODE
@@ -181,9 +183,8 @@ class RouterState:
                 registry=self._registry,
                 metrics=self.metrics,
                 max_retries=c.max_retries,
-                timeout=timeout,
+                timeout=c.request_timeout_secs,
                 handover_timeout=c.pd_handover_timeout_secs,
-                slots=self._upstream,
                 first_byte_timeout=c.first_byte_timeout_secs,
                 stream_idle_timeout=c.stream_idle_timeout_secs,
                 retry_on_reset=c.retry_on_reset,
@@ -694,6 +695,7 @@ def build_app(state: RouterState) -> web.Application:
     app.router.add_post("/flush_cache", handle_flush_cache, expect_handler=guard)
     app.router.add_post("/smetric/prefix_match", handle_prefix_match, expect_handler=guard)
     add_catch_all(app)
+    hide_server(app)
     quiet_client_faults()
     return app
 
@@ -704,4 +706,5 @@ def metrics_app(state: RouterState) -> web.Application:
     app[STATE] = state
     app.router.add_get("/metrics", handle_metrics, expect_handler=expect_continue)
     add_catch_all(app)
+    hide_server(app)
     return app

@@ -7,6 +7,9 @@
 - Malformed HTTP (bad header bytes, over-long lines, a body that fails its Content-Encoding) is
   answered 400 by aiohttp, which also logs it at ERROR with a traceback: any client could fill
   the log. Those records become one DEBUG line; the router's own failures keep their tracebacks.
+- Every response names its server with versions (`Server: Python/3.11 aiohttp/3.x`), which only
+  tells a scanner what to try: the router's responses carry no Server header. (aiohttp's own 400
+  to bytes it cannot parse as a request still does: it is made below any hook an app has.)
 """
 
 from __future__ import annotations
@@ -49,6 +52,17 @@ async def handle_unrouted(request: web.Request) -> web.StreamResponse:
             headers={hdrs.ALLOW: ",".join(sorted(allowed))},
         ).response()
     return RouterError(404, "There is no such endpoint.", code="not_found").response()
+
+
+async def _drop_server(request: web.Request, response: web.StreamResponse) -> None:
+    # aiohttp has set its default by now (on_response_prepare runs after it, before the write).
+    response.headers.popall(hdrs.SERVER, None)
+
+
+def hide_server(app: web.Application) -> None:
+    """No Server header on the app's responses (all of them: the catch-all route answers what
+    no other route does)."""
+    app.on_response_prepare.append(_drop_server)
 
 
 def add_catch_all(app: web.Application) -> None:

@@ -13,12 +13,17 @@ queue (waiting for the decode's handshake), left out of SGLang's num_waiting_unc
 Until then the router bounds the wait by --pd-handover-timeout-secs, so a prefill that never hands
 over its KV cannot hang a client.
 
-Faults: a prefill or decode failing before the decode's first byte reached us (refused, 5xx)
-ends the attempt on both sides and the pair is re-chosen without that instance; one that dropped
-the connection after it was sent the request is not re-tried (unless --retry-on-reset), as in
-colocated routing (proxy.py), nor is the router's own shortage of file descriptors (503). After
-that first byte, a lost or stalled decode stream ends with an SSE error event and [DONE]. The
-decode's first byte (streams) and its silences mid-stream are bounded as in colocated routing.
+Both requests go through the proxy's own client (upstream.py): the same keep-alive pools, bound on
+connections and strict parsing as colocated routing.
+
+Faults: a prefill or decode failing before the decode's first byte reached us (refused, 5xx, a
+malformed head) ends the attempt on both sides and the pair is re-chosen without that instance;
+one that dropped the connection after it was sent the request is not re-tried (unless
+--retry-on-reset), as in colocated routing (proxy.py), nor is the router's own shortage of file
+descriptors or connection slots (503). After that first byte, a lost or stalled decode stream
+ends with an SSE error event and [DONE]. The decode's first byte (streams) and its silences
+mid-stream are bounded as in colocated routing; a decode waiting for its KV cache is not silent
+until its prefill has ended (the handover timeout bounds that wait).
 """
 
 from __future__ import annotations
@@ -33,14 +38,13 @@ from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
 from smetric_router.core.types import RequestFeatures
 from smetric_router.router.api_messages import stream_dialect
-from smetric_router.router.auth import upstream_auth_header
+from smetric_router.router.auth import upstream_auth_line
 from smetric_router.router.errors import RouterError, bad_request, worker_error_reply
 from smetric_router.router.metrics import RouterMetrics
 from smetric_router.router.proxy import (
@@ -48,7 +52,7 @@ from smetric_router.router.proxy import (
     REASON_HEADER,
     WORKER_HEADER,
     copy_stream,
-    forward_headers,
+    forward_head,
     hit_headers,
     local_error,
     note_cut,
@@ -56,7 +60,17 @@ from smetric_router.router.proxy import (
     stalled_error,
 )
 from smetric_router.router.routing import Routed, Router
-from smetric_router.router.upstream import LocalError, Upstream, is_local
+from smetric_router.router.upstream import (
+    LocalError,
+    Lost,
+    Reset,
+    Response,
+    Stalled,
+    Timeouts,
+    Unreachable,
+    Upstream,
+    UpstreamError,
+)
 from smetric_router.router.workers import Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -172,15 +186,14 @@ class _Held:
 
 @dataclass(slots=True)
 class PdProxy:
-    session: aiohttp.ClientSession
+    upstream: Upstream  # colocated routing's client: its pools and its bound on connections
     prefill_router: Router
     decode_router: Router
     registry: WorkerRegistry
     metrics: RouterMetrics
     max_retries: int
-    timeout: aiohttp.ClientTimeout
+    timeout: float  # each side's whole exchange, body included
     handover_timeout: float
-    slots: Upstream | None = None  # the bound on connections to workers it shares
     first_byte_timeout: float | None = None  # streams: dispatch to the decode's first byte
     stream_idle_timeout: float | None = None
     retry_on_reset: bool = False
@@ -209,8 +222,7 @@ class PdProxy:
         label: str,
     ) -> web.StreamResponse:
         n = batch_size(path, body)
-        headers = forward_headers(request.headers)
-        headers.update(upstream_auth_header(request))
+        headers = forward_head(request.raw_headers) + upstream_auth_line(request)
         excluded: dict[Side, list[str]] = {Side.PREFILL: [], Side.DECODE: []}
         while True:
             prefill = self.registry.workers.get(pair.prefill.decision.worker)
@@ -267,48 +279,13 @@ class PdProxy:
         request: web.Request,
         path: str,
         payload: bytes,
-        headers: CIMultiDict[str],
+        headers: bytes,
         pair: Pair,
         prefill: Worker,
         decode: Worker,
         started: float,
         label: str,
         stream: bool = False,
-    ) -> web.StreamResponse | _Failed:
-        loop = asyncio.get_running_loop()
-        first_at = None
-        if stream and self.first_byte_timeout is not None:
-            first_at = loop.time() + self.first_byte_timeout
-        slots = 0  # taken from self.slots: a connection to each side
-        try:
-            if self.slots is not None:
-                total = self.timeout.total
-                deadline = first_at or (loop.time() + total if total else None)
-                for _ in range(2):
-                    await self.slots.take_slot(loop, deadline)
-                    slots += 1
-            return await self._attempt_with_slots(
-                request, path, payload, headers, pair, prefill, decode, started, label, first_at
-            )
-        except LocalError as e:  # only take_slot raises it: the bound stayed full
-            raise local_error(str(e), pair.headers()) from None
-        finally:
-            if self.slots is not None:
-                for _ in range(slots):
-                    self.slots.slot_freed()
-
-    async def _attempt_with_slots(
-        self,
-        request: web.Request,
-        path: str,
-        payload: bytes,
-        headers: CIMultiDict[str],
-        pair: Pair,
-        prefill: Worker,
-        decode: Worker,
-        started: float,
-        label: str,
-        first_at: float | None,
     ) -> web.StreamResponse | _Failed:
         features = pair.prefill.features
         # What the prefill will not compute: its local hit, or what it loads from L3.
@@ -317,8 +294,21 @@ class PdProxy:
         held = _Held(prefill, decode, max(0, features.prompt_len - hit), features.prompt_len)
         # The prompt's pages count as held by the prefill until it is done (cluster/inflight.py).
         pending = self.prefill_router.hold(prefill.url, features)
-        p_task = asyncio.create_task(self._prefill(prefill, path, payload, headers))
-        d_task = asyncio.create_task(self._decode_head(decode, path, payload, headers, pair))
+        p_task = asyncio.create_task(self._prefill(prefill, path, payload, headers, pair))
+        bounds = Timeouts(self.timeout)
+        if stream:
+            # Past its first-byte bound, a decode is not silent while its prefill runs: the KV
+            # it waits for is not there yet (the handover timeout bounds that).
+            bounds = Timeouts(
+                self.timeout,
+                self.first_byte_timeout,
+                self.stream_idle_timeout,
+                alive=lambda: not p_task.done(),
+                not_alive="its prefill has ended",
+            )
+        d_task = asyncio.create_task(
+            self._decode_head(decode, path, payload, headers, pair, bounds)
+        )
         try:
             done, _ = await asyncio.wait(
                 (p_task, d_task), timeout=self.handover_timeout, return_when=asyncio.FIRST_COMPLETED
@@ -338,15 +328,7 @@ class PdProxy:
                     return problem
                 held.prefill_done()
                 self.prefill_router.release(pending, ran=True)
-            try:
-                async with asyncio.timeout_at(first_at):
-                    head = await asyncio.shield(d_task)
-            except TimeoutError:
-                if d_task.done():  # the worker's own timeout, not the first-byte bound
-                    raise
-                why_ = f"no response byte within {self.first_byte_timeout:g} s"
-                self.registry.mark_failed(decode, why_)
-                raise stalled_error(decode.url, why_, pair.headers()) from None
+            head = await d_task
             held.prefill_done()  # the decode's first byte: the KV has arrived
             if isinstance(head, _Failed):
                 return head
@@ -370,75 +352,88 @@ class PdProxy:
             for t in (p_task, d_task):
                 t.cancel()
             for result in await asyncio.gather(p_task, d_task, return_exceptions=True):
-                if isinstance(result, tuple) and isinstance(result[0], aiohttp.ClientResponse):
+                if isinstance(result, tuple) and isinstance(result[0], Response):
                     result[0].close()  # a decode head nobody relayed
 
     def _prefill_outcome(
-        self, task: asyncio.Task[tuple[int, bytes, str]], prefill: Worker, pair: Pair
+        self, task: asyncio.Task[tuple[int, bytes, str] | _Failed], prefill: Worker, pair: Pair
     ) -> web.Response | _Failed | None:
         """None when the prefill finished well; otherwise what ends this attempt."""
         try:
-            status, body, content_type = task.result()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            return self._failed(Side.PREFILL, prefill, e, pair)
+            outcome = task.result()
+        except asyncio.TimeoutError as e:
+            return _Failed(Side.PREFILL, prefill.url, str(e) or type(e).__name__)
+        if isinstance(outcome, _Failed):
+            return outcome
+        status, body, content_type = outcome
         if status >= 500:
             return _Failed(Side.PREFILL, prefill.url, f"HTTP {status}", status, body, content_type)
         if status >= 400:  # the request itself was refused: the decode would never get its KV
             return _worker_error(status, body, content_type, pair)
         return None
 
-    def _failed(self, side: Side, worker: Worker, e: BaseException, pair: Pair) -> _Failed:
+    def _failed(
+        self, side: Side, worker: Worker, e: UpstreamError, pair: Pair, sent: bool
+    ) -> _Failed:
         """What a failed request to one side means for the attempt (may raise the 503 of the
-        router's own shortage)."""
+        router's own shortage, or the 504 of a stalled worker). sent: it failed after its head."""
         why_ = str(e) or type(e).__name__
-        if isinstance(e, aiohttp.ClientConnectorError):  # never sent
-            if is_local(e):
-                raise local_error(why_, pair.headers())
+        if isinstance(e, LocalError):
+            raise local_error(why_, pair.headers())
+        if isinstance(e, Stalled):
             self.registry.mark_failed(worker, why_)
+            raise stalled_error(worker.url, why_, pair.headers())
+        if isinstance(e, Unreachable):  # never sent
+            if e.refused:  # a dropped keep-alive connection can be a benign race
+                self.registry.mark_failed(worker, why_)
             return _Failed(side, worker.url, why_)
-        if isinstance(e, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError,
-                          aiohttp.ClientPayloadError)):  # fmt: skip
+        if isinstance(e, Reset) or (isinstance(e, Lost) and sent):
             # Sent, then dropped: the worker may have run it, and died of it.
             self.registry.mark_failed(worker, why_)
             return _Failed(side, worker.url, why_, retry=self.retry_on_reset)
-        return _Failed(side, worker.url, why_)
+        return _Failed(side, worker.url, why_)  # a malformed head: another may do better
 
     async def _prefill(
-        self, worker: Worker, path: str, payload: bytes, headers: CIMultiDict[str]
-    ) -> tuple[int, bytes, str]:
-        async with self.session.post(
-            worker.url + path,
-            data=payload,
-            headers=headers,
-            timeout=self.timeout,
-        ) as resp:
+        self, worker: Worker, path: str, payload: bytes, headers: bytes, pair: Pair
+    ) -> tuple[int, bytes, str] | _Failed:
+        try:
+            resp = await self.upstream.post(worker.url, path, headers, payload, self.timeout)
+        except UpstreamError as e:
+            return self._failed(Side.PREFILL, worker, e, pair, sent=False)
+        try:
             return resp.status, await resp.read(), resp.content_type
+        except UpstreamError as e:
+            return self._failed(Side.PREFILL, worker, e, pair, sent=True)
+        finally:
+            resp.close()
 
     async def _decode_head(
-        self, worker: Worker, path: str, payload: bytes, headers: CIMultiDict[str], pair: Pair
-    ) -> tuple[aiohttp.ClientResponse, bytes] | _Failed:
+        self,
+        worker: Worker,
+        path: str,
+        payload: bytes,
+        headers: bytes,
+        pair: Pair,
+        bounds: Timeouts,
+    ) -> tuple[Response, bytes] | _Failed:
         """The decode's response with its first chunk (a stream) or whole body (otherwise)."""
         try:
-            resp = await self.session.post(
-                worker.url + path,
-                data=payload,
-                headers=headers,
-                timeout=self.timeout,
-            )
-        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as e:
-            return self._failed(Side.DECODE, worker, e, pair)
+            resp = await self.upstream.post(worker.url, path, headers, payload, bounds)
+        except UpstreamError as e:
+            return self._failed(Side.DECODE, worker, e, pair, sent=False)
         try:
             if resp.status >= 500:
                 why_ = f"HTTP {resp.status}"
                 body, ctype = await resp.read(), resp.content_type
+                resp.close()
                 return _Failed(Side.DECODE, worker.url, why_, resp.status, body, ctype)
             if resp.content_type == "text/event-stream":
-                first = await resp.content.readany()
+                first = await resp.readany()
             else:
                 first = await resp.read()
-        except aiohttp.ClientError as e:
+        except UpstreamError as e:
             resp.close()
-            return self._failed(Side.DECODE, worker, e, pair)
+            return self._failed(Side.DECODE, worker, e, pair, sent=True)
         except BaseException:
             resp.close()
             raise
@@ -447,7 +442,7 @@ class PdProxy:
     async def _relay(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: Response,
         first: bytes,
         pair: Pair,
         decode: Worker,
@@ -455,9 +450,7 @@ class PdProxy:
         label: str,
     ) -> web.StreamResponse:
         self.metrics.first_byte(label, time.perf_counter() - started)
-        headers = CIMultiDict(
-            (k, v) for k, v in resp.headers.items() if k.lower() not in DROP_RESPONSE
-        )
+        headers = CIMultiDict((k, v) for k, v in resp.headers if k.lower() not in DROP_RESPONSE)
         headers.update(pair.headers())
         if resp.content_type != "text/event-stream" or resp.status >= 400:
             if resp.status >= 400:
@@ -470,14 +463,6 @@ class PdProxy:
         await out.write(first)
         tail = first[-64:] if first else b"\n\n"  # enough for any API's end marker
         dialect = stream_dialect(request.path)  # Anthropic's error event on /v1/messages
-        cut = await copy_stream(
-            out,
-            resp.content,
-            decode.url,
-            self.metrics,
-            tail,
-            idle=self.stream_idle_timeout,
-            **dialect,
-        )
+        cut = await copy_stream(out, resp, decode.url, self.metrics, tail, **dialect)
         note_cut(request, self.registry, decode, cut)
         return out

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -84,19 +83,15 @@ def _forwarded(name: str) -> bool:
     return name not in _NOT_FORWARDED and not name.startswith("x-smetric-")
 
 
-def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
-    return CIMultiDict((k, v) for k, v in headers.items() if _forwarded(k.lower()))
-
-
 def forward_head(raw: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """forward_headers as the header lines of an HTTP/1.1 request."""
+    """The client's request headers that go on to the worker, as HTTP/1.1 header lines."""
     return b"".join(
         b"%s: %s\r\n" % (k, v) for k, v in raw if _forwarded(k.lower().decode("latin-1"))
     )
 
 
 class Body(Protocol):
-    """What copy_stream reads: an upstream Response, or an aiohttp StreamReader (PD)."""
+    """What copy_stream reads: an upstream Response (or one whose ids are rewritten)."""
 
     async def readany(self) -> bytes: ...
 
@@ -279,7 +274,7 @@ class Proxy:
             worker.inflight -= 1
             self.registry.mark_failed(worker, str(e))
             raise stalled_error(worker.url, str(e), decision_headers(routed)) from None
-        except Lost as e:  # garbage for a head: another worker may do better
+        except Lost as e:  # garbage for a head (Malformed): another worker may do better
             worker.inflight -= 1
             return str(e), None
         except BaseException:
@@ -330,10 +325,12 @@ class Proxy:
         except Stalled as e:
             self.registry.mark_failed(worker, str(e))
             raise stalled_error(worker.url, str(e), decision_headers(routed)) from None
-        except (UpstreamError, asyncio.TimeoutError):
+        except (UpstreamError, asyncio.TimeoutError) as e:
+            # Cut short or malformed: none of it goes to the client.
+            why = str(e) or type(e).__name__
             raise RouterError(
                 502,
-                f"worker {worker.url} was lost while sending its response",
+                f"worker {worker.url} was lost while sending its response ({why})",
                 type_="server_error",
                 code="worker_lost",
                 headers=decision_headers(routed),
@@ -396,27 +393,19 @@ async def copy_stream(
     metrics: RouterMetrics,
     tail: bytes = b"\n\n",
     on_first: Callable[[], None] | None = None,
-    idle: float | None = None,
     error_event: Callable[[str, str], bytes] = sse_error_event,
     done: bytes = _DONE,
 ) -> BaseException | None:
     """Pass chunks through as they come; a lost or stalled upstream ends the stream with an SSE
     error event and [DONE], and comes back as what ended it (None: the stream ended well).
-    `tail`: the last bytes already written (to close a half-written event). `idle`: longest wait
-    for a chunk, for a reader without its own (aiohttp's, under PD). `error_event` and `done`:
-    the API's closing error event and its last event (OpenAI's by default)."""
+    `tail`: the last bytes already written (to close a half-written event). `error_event` and
+    `done`: the API's closing error event and its last event (OpenAI's by default). The reader
+    bounds its own silences (upstream.Timeouts)."""
     while True:
         # Only upstream reads are guarded: a client that went away ends the handler.
         try:
-            if idle is None:
-                chunk = await content.readany()
-            else:
-                try:
-                    async with asyncio.timeout(idle):
-                        chunk = await content.readany()
-                except TimeoutError:
-                    raise Stalled(f"the worker sent nothing for {idle:g} s", False) from None
-        except (aiohttp.ClientError, UpstreamError, asyncio.TimeoutError) as e:
+            chunk = await content.readany()
+        except (UpstreamError, asyncio.TimeoutError) as e:
             if tail.endswith(done):
                 # The worker finished the stream and went away before closing it (killed after
                 # its last event): the client has the whole answer, so no error event after it.

@@ -12,7 +12,14 @@ ended after the request was written but before any reply byte is not (the worker
 and died of it); `LocalError` when the router itself is out of file descriptors (or of connection
 slots, --max-upstream-connections) says nothing about the worker; `Stalled` when the worker sent
 no first body byte, or went quiet mid-body, past its bound; asyncio.TimeoutError past the request's
-whole deadline; `Lost` when the connection ends inside the body.
+whole deadline; `Lost` when the connection ends inside the body; `Malformed` (a kind of Lost) when
+the reply breaks HTTP/1.1 itself.
+
+Replies are parsed by llhttp (httptools), Node.js's parser, with none of its leniencies: a reply
+whose framing is in any doubt (a Content-Length that is not plain digits, two of them,
+Content-Length with Transfer-Encoding, a bad chunk, a head that is not HTTP/1.x, a protocol switch)
+is `Malformed`, and its connection is closed, never pooled. So is a reply that ends before the
+length it declared (`Lost`): nothing reaches a client as a whole answer unless all of it came.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
+import httptools
 from yarl import URL
 
 _MAX_HEAD = 64 * 1024
@@ -45,8 +53,8 @@ LOCAL_ERRNOS = frozenset(
     {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL}
 )
 
-# body framing states
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
+# a reply's states: its head awaited (informational heads skipped), its body, all of it read
+_HEAD, _BODY, _DONE = range(3)
 
 
 class UpstreamError(Exception):
@@ -63,6 +71,14 @@ class Unreachable(UpstreamError):
 
 class Lost(UpstreamError):
     """The connection ended or broke the protocol inside a response."""
+
+
+class Malformed(Lost):
+    """The reply is not valid HTTP/1.1 (its framing above all): nothing of it can be trusted."""
+
+
+class _Extra(Exception):
+    """Stops the parser at bytes past the end of a reply (see Response.on_message_begin)."""
 
 
 class Reset(UpstreamError):
@@ -107,6 +123,7 @@ class Timeouts:
     # Past first_byte, keep waiting while this says the worker is still fine (a non-streamed
     # reply's first byte is its whole answer: a long one is no stall while its worker is healthy).
     alive: Callable[[], bool] | None = None
+    not_alive: str = "the worker fails its health checks"  # what alive() saying no means
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +186,10 @@ class _Conn(asyncio.Protocol):
 
 class Response:
     """A worker's reply: status and headers once awaited from Upstream.post, then the body
-    through readany() (an aiohttp.StreamReader's reading surface, for copy_stream)."""
+    through readany() (an aiohttp.StreamReader's reading surface, for copy_stream).
+
+    It is its own parser's protocol: llhttp calls on_header, on_headers_complete, on_body and
+    on_message_complete as the bytes fed to it go by."""
 
     def __init__(
         self,
@@ -185,15 +205,19 @@ class Response:
         self._conn: _Conn | None = conn
         self._loop = loop
         self._head: asyncio.Future[None] = loop.create_future()
+        # It holds this response's callbacks, a cycle that is broken once the reply is done with
+        # (refcounting frees both then, not the cyclic collector).
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._state = _HEAD
-        self._remaining = 0
-        self._buf = bytearray()
+        self._raw_headers: list[tuple[bytes, bytes]] = []
+        self._head_bytes = 0  # fed before the head was complete
+        self._until_close = False  # a body without a length: it ends with the connection
         self._body: deque[bytes] = deque()
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._exc: BaseException | None = None
-        self._keep_alive = True
+        self._keep_alive = False  # llhttp's word, once the reply is complete
         self._timer = loop.call_at(deadline, self._timed_out) if deadline is not None else None
         self._bounds = bounds or Timeouts(None)
         self._first_timer: asyncio.TimerHandle | None = None
@@ -242,6 +266,7 @@ class Response:
     def close(self) -> None:
         """Done with it: an unfinished reply costs its connection."""
         self._cancel_timers()
+        self._parser = None
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.resp = None
@@ -253,121 +278,88 @@ class Response:
     # feeding side ----------------------------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
-        buf = self._buf
-        buf += data
-        out: list[bytes] = []
-        try:
-            self._parse(buf, out)
-        except (ValueError, Lost) as e:
-            self._fail(e if isinstance(e, Lost) else Lost(f"bad response from the worker: {e}"))
+        parser = self._parser
+        if parser is None:  # done with
             return
-        if out:
+        body = self._body
+        before = len(body)
+        try:
+            parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
+            # What a callback raised comes back as the context of a HttpParserCallbackError.
+            if not isinstance(e.__context__, _Extra):
+                self._fail(_malformed(e))
+                return
+            self._keep_alive = False  # bytes past the end of the reply: not reusable
+        state = self._state
+        if state == _HEAD:
+            self._head_bytes += len(data)
+            if self._head_bytes > _MAX_HEAD:
+                self._fail(Malformed(f"response head over {_MAX_HEAD} bytes"))
+            return
+        grew = len(body) > before
+        if grew:
             self._got_data()
-            chunk = out[0] if len(out) == 1 else b"".join(out)
-            self._body.append(chunk)
-            self._buffered += len(chunk)
-            if self._buffered > _HIGH_WATER and not self._paused and self._state != _DONE:
+            if self._buffered > _HIGH_WATER and not self._paused and state != _DONE:
                 conn = self._conn
                 if conn is not None and conn.transport is not None:
                     self._paused = True
                     conn.transport.pause_reading()
-        if self._state == _DONE:
+        if state == _DONE:
             self._finish()
-        if out or self._state == _DONE:
+        if grew or state == _DONE:
             self._wake()
 
-    def _parse(self, buf: bytearray, out: list[bytes]) -> None:
-        while buf:
-            state = self._state
-            if state == _HEAD:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(buf) > _MAX_HEAD:
-                        raise Lost("response head too large")
-                    return
-                head = bytes(buf[:end]).decode("latin-1")
-                del buf[: end + 4]
-                self._parse_head(head)
-            elif state in (_LENGTH, _CHUNK_DATA):
-                n = min(self._remaining, len(buf))
-                out.append(bytes(buf[:n]))
-                del buf[:n]
-                self._remaining -= n
-                if not self._remaining:
-                    self._state = _DONE if state == _LENGTH else _CHUNK_END
-            elif state in (_CHUNK_SIZE, _TRAILER):
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    return
-                line = bytes(buf[:end])
-                del buf[: end + 2]
-                if state == _TRAILER:
-                    if not line:
-                        self._state = _DONE
-                    continue
-                size = int(line.split(b";", 1)[0], 16)
-                self._remaining = size
-                self._state = _CHUNK_DATA if size else _TRAILER
-            elif state == _CHUNK_END:
-                if len(buf) < 2:
-                    return
-                if buf[:2] != b"\r\n":
-                    raise Lost("bad chunk terminator")
-                del buf[:2]
-                self._state = _CHUNK_SIZE
-            elif state == _UNTIL_CLOSE:
-                out.append(bytes(buf))
-                buf.clear()
-            else:  # bytes past the end of the reply
-                self._keep_alive = False
-                buf.clear()
+    # llhttp's callbacks (HttpResponseParser's protocol)
 
-    def _parse_head(self, head: str) -> None:
-        lines = head.split("\r\n")
-        version, status, *_ = lines[0].split(" ", 2)
-        if not version.startswith("HTTP/1."):
-            raise Lost(f"not an HTTP/1 response: {lines[0][:80]!r}")
-        code = int(status)
-        if 100 <= code < 200:  # informational: the real head follows
+    def on_message_begin(self) -> None:
+        if self._state == _DONE:  # another reply after this one: nobody asked for it
+            raise _Extra
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._state == _HEAD:  # not a chunked body's trailer fields
+            self._raw_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        assert self._parser is not None  # it is calling
+        code = self._parser.get_status_code()
+        raw, self._raw_headers = self._raw_headers, []
+        if code < 200:  # informational: the real head follows (101 ends in HttpParserUpgrade)
             return
         headers = []
-        length: int | None = None
-        chunked = False
-        keep_alive = version != "HTTP/1.0"
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise Lost(f"bad header line {line[:80]!r}")
-            name, value = name.strip(), value.strip()
+        length = chunked = coded = False
+        for n, v in raw:
+            name, value = n.decode("latin-1"), v.decode("latin-1").strip()
             headers.append((name, value))
             low = name.lower()
-            if low == "content-length":
-                length = int(value)
-            elif low == "transfer-encoding":
-                chunked = value.lower().endswith("chunked")
-            elif low == "connection":
-                keep_alive = value.lower() == "keep-alive" or (
-                    keep_alive and value.lower() != "close"
-                )
-            elif low == "content-type":
+            if low == "content-type":
                 self.content_type = value.split(";", 1)[0].strip().lower()
-        self.status, self.headers, self._keep_alive = code, headers, keep_alive
-        if code in (204, 304):
-            self._state = _DONE
-        elif chunked:
-            self._state = _CHUNK_SIZE
-        elif length is not None:
-            self._remaining = length
-            self._state = _LENGTH if length else _DONE
-        else:
-            self._state = _UNTIL_CLOSE
-            self._keep_alive = False
+            elif low == "content-length":
+                length = True
+            elif low == "transfer-encoding":
+                coded = True
+                chunked = value.rsplit(",", 1)[-1].strip().lower() == "chunked"
+        self.status, self.headers = code, headers
+        # llhttp's own rule (llhttp_message_needs_eof), which httptools does not expose: without
+        # a length or a final chunked coding, the body runs until the connection closes.
+        self._until_close = code not in (204, 304) and (not chunked if coded else not length)
+        self._state = _BODY
         if not self._head.done():
             self._head.set_result(None)
 
+    def on_body(self, data: bytes) -> None:
+        self._body.append(data)
+        self._buffered += len(data)
+
+    def on_message_complete(self) -> None:
+        if self._state == _BODY:  # not an informational reply's end
+            assert self._parser is not None  # it is calling
+            self._state = _DONE
+            self._keep_alive = self._parser.should_keep_alive()
+
     def feed_lost(self, exc: Exception | None) -> None:
         self._conn = None
-        if self._state == _UNTIL_CLOSE:
+        if self._state == _BODY and self._until_close and self._exc is None:
             self._state = _DONE
             self._finish()
             self._wake()
@@ -402,7 +394,7 @@ class Response:
             return
         why = f"no response byte within {self._bounds.first_byte:g} s"
         if alive is not None:
-            why += " and the worker fails its health checks"
+            why += f" and {self._bounds.not_alive}"
         self._fail(Stalled(why, first_byte=True))
 
     def _check_idle(self) -> None:
@@ -435,16 +427,18 @@ class Response:
             conn.resp = None
             conn.close()
         self._cancel_timers()
+        self._parser = None
         self._wake()
 
     def _finish(self) -> None:
         self._cancel_timers()
+        self._parser = None
         conn, self._conn = self._conn, None
         if conn is not None:
             if self._paused and conn.transport is not None:
                 conn.transport.resume_reading()
             self._paused = False
-            conn.release(self._keep_alive and not self._buf)
+            conn.release(self._keep_alive)
 
     def _wake(self) -> None:
         w = self._waiter
@@ -561,8 +555,10 @@ class Upstream:
                 tls = self._ssl = self._ssl or ssl.create_default_context()
             while True:
                 try:
-                    connecting = loop.create_connection(factory, host, port, ssl=tls)
-                    _, conn = await asyncio.wait_for(connecting, self._connect_timeout)
+                    # Not asyncio.wait_for: on Python 3.11 it returns the connection, and
+                    # swallows a cancellation, when both come in the same turn of the loop.
+                    async with asyncio.timeout(self._connect_timeout):
+                        _, conn = await loop.create_connection(factory, host, port, ssl=tls)
                     break
                 except OSError as e:
                     pause = backoff * (0.5 + random.random())
@@ -640,6 +636,15 @@ class Upstream:
             for conn in list(idle):
                 conn.close()
             idle.clear()
+
+
+def _malformed(e: Exception) -> Malformed:
+    if isinstance(e, httptools.HttpParserUpgrade):
+        bad = Malformed("the worker switched protocols")
+    else:
+        bad = Malformed(f"bad response from the worker: {e}")
+    bad.__cause__ = e
+    return bad
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:

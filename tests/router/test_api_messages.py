@@ -14,7 +14,7 @@ from smetric_router.router import api_messages
 from smetric_router.router.auth import AuthPolicy, _upstream_line, check_inference
 from smetric_router.router.drain import SHUTDOWN_CODE
 from smetric_router.router.errors import RouterError, error_body
-from smetric_router.router.proxy import forward_headers
+from smetric_router.router.proxy import forward_head
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_x_api_key_is_the_key_on_messages_paths_only() -> None:
 
 def test_x_api_key_reaches_workers_only_as_bearer_when_forwarding() -> None:
     req = make_mocked_request("POST", "/v1/messages", headers={"x-api-key": "client-key"})
-    assert "x-api-key" not in {k.lower() for k in forward_headers(req.headers)}
+    assert b"x-api-key" not in forward_head(req.raw_headers).lower()
     assert _upstream_line(AuthPolicy(api_key="client-key"), req) == b""
     forwarding = AuthPolicy(forward_authorization=True)
     assert _upstream_line(forwarding, req) == b"Authorization: Bearer client-key\r\n"

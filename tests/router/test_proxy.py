@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 import openai
 import orjson
+from aiohttp.test_utils import TestServer
 from openai.types.chat import ChatCompletionMessageParam
 
+from smetric_router.router.app import metrics_app
 from tests.helpers.polling import eventually
 from tests.router.conftest import MakeRouter, MakeWorker
 
@@ -255,3 +259,36 @@ async def test_stalled_worker_times_out_with_504(
         assert (await resp.json())["error"]["code"] == "worker_timeout"
         assert resp.headers["x-smetric-worker"] == a.url
     assert router.state.registry.workers[a.url].inflight == 0
+
+
+async def test_no_response_names_the_server_or_its_versions(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    # aiohttp's default is `Server: Python/3.x aiohttp/3.x` (the fake worker still sends it).
+    w = await make_worker("a")
+    router = await make_router([w.url])
+    chat = {"model": "fake-model", "messages": MESSAGES}
+    asks: list[tuple[str, str, Any]] = [
+        ("POST", "/v1/chat/completions", chat),  # a worker's reply, relayed
+        ("POST", "/v1/chat/completions", {**chat, "stream": True}),  # streamed
+        ("POST", "/v1/chat/completions", {"messages": 3}),  # the router's own 400
+        ("GET", "/health", None),
+        ("GET", "/metrics", None),
+        ("GET", "/workers", None),
+        ("GET", "/nowhere", None),  # the catch-all's 404
+        ("DELETE", "/v1/models", None),  # and its 405
+    ]
+    metrics = TestServer(metrics_app(router.state), host="127.0.0.1")
+    await metrics.start_server()
+    try:
+        asks += [("GET", f"http://127.0.0.1:{metrics.port}/metrics", None)]
+        async with aiohttp.ClientSession() as s:
+            async with s.get(w.url + "/health") as direct:
+                assert direct.headers["Server"].startswith("Python/")  # what is dropped
+            for method, path, body in asks:
+                url = path if path.startswith("http") else router.url + path
+                async with s.request(method, url, json=body) as r:
+                    await r.read()
+                    assert "Server" not in r.headers, (method, path, r.headers["Server"])
+    finally:
+        await metrics.close()

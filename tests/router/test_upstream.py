@@ -12,12 +12,15 @@ import pytest
 from smetric_router.router.upstream import (
     LocalError,
     Lost,
+    Malformed,
     Reset,
     Stalled,
     Timeouts,
     Unreachable,
     Upstream,
+    UpstreamError,
 )
+from tests.helpers.polling import eventually
 
 # Reads one request head and body, then writes the scripted reply in pieces (None: pause).
 Script = list[bytes | None]
@@ -39,12 +42,14 @@ class Serve:
     def __init__(self) -> None:
         self.servers: list[asyncio.Server] = []
         self.seen: list[bytes] = []  # every request the servers read, in order
+        self.connections = 0  # connections the servers accepted
 
     async def __call__(self, replies: list[Script]) -> str:
         queue = list(replies)
         seen = self.seen
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
             try:
                 while queue:
                     seen.append(await _read_request(reader))
@@ -268,3 +273,154 @@ async def test_out_of_descriptors_is_a_local_error_and_frees_its_slot(
         await up.post(other, "/", b"", b"{}", Timeouts(total=0.2))
     assert up.open == 1  # the pooled connection only; the failed one gave its slot back
     up.close()
+
+
+# framing: llhttp with no leniency; a malformed reply closes its connection ---------------------
+
+JSON_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+GOOD: Script = [JSON_HEAD + b"Content-Length: 2\r\n\r\nok"]
+MALFORMED = {
+    # read as 10 by int(), it cut the body to a 200 with `{"id": "x"`
+    "length with an underscore": JSON_HEAD + b'Content-Length: 1_0\r\n\r\n{"id": "x"}',
+    "negative length": JSON_HEAD + b'Content-Length: -1\r\n\r\n{"id": "x"}',
+    "signed length": JSON_HEAD + b'Content-Length: +11\r\n\r\n{"id": "x"}',
+    "length in hex": JSON_HEAD + b'Content-Length: 0xb\r\n\r\n{"id": "x"}',
+    "two lengths": JSON_HEAD + b'Content-Length: 10\r\nContent-Length: 11\r\n\r\n{"id": "x"}',
+    "a list of lengths": JSON_HEAD + b'Content-Length: 11, 11\r\n\r\n{"id": "x"}',
+    "chunked and a length": JSON_HEAD
+    + b'Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\nb\r\n{"id": "x"}\r\n0\r\n\r\n',
+    "a length and chunked": JSON_HEAD
+    + b'Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nb\r\n{"id": "x"}\r\n0\r\n\r\n',
+    "bad chunk size": JSON_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    "chunk without its CRLF": JSON_HEAD + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n",
+    "junk status line": b"HTTP/1.1 2OO OK\r\nContent-Length: 2\r\n\r\nok",
+    "not HTTP at all": b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+    "HTTP/2 preface": b"HTTP/2 200\r\ncontent-length: 2\r\n\r\nok",
+    "bare LF line ends": b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok",
+    "folded header": JSON_HEAD + b"X-A: 1\r\n 2\r\nContent-Length: 2\r\n\r\nok",
+    "space before the colon": JSON_HEAD + b"Content-Length : 2\r\n\r\nok",
+    "switching protocols": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n"
+    b"Connection: Upgrade\r\n\r\nok",
+}
+
+
+async def _exchange(up: Upstream, url: str) -> tuple[int, bytes] | UpstreamError:
+    """The status and whole body, or the error the client raised."""
+    try:
+        resp = await up.post(url, "/", b"", b"{}", 5)
+        try:
+            return resp.status, await resp.read()
+        finally:
+            resp.close()
+    except UpstreamError as e:
+        return e
+
+
+@pytest.mark.parametrize("reply", MALFORMED.values(), ids=MALFORMED.keys())
+async def test_malformed_reply_is_an_error_and_its_connection_is_closed(
+    serve: Serve, reply: bytes
+) -> None:
+    url = await serve([[reply], GOOD])  # the worker keeps the connection open for more
+    up = Upstream(connect_timeout=5)
+    outcome = await _exchange(up, url)
+    assert isinstance(outcome, Malformed), outcome
+    await eventually(lambda: up.open == 0, "the connection closed, not pooled")
+    # The next request gets a connection of its own and its answer, whole.
+    assert await _exchange(up, url) == (200, b"ok")
+    assert serve.connections == 2
+    up.close()
+
+
+async def test_head_growing_past_its_bound_is_an_error(serve: Serve) -> None:
+    pad = JSON_HEAD + b"X-Pad: " + b"a" * 70_000
+    url = await serve([[pad, None, b"\r\nContent-Length: 2\r\n\r\nok"]])
+    outcome = await _exchange(Upstream(connect_timeout=5), url)
+    assert isinstance(outcome, Malformed) and "head over" in str(outcome)
+
+
+async def test_malformed_reply_split_byte_by_byte_is_still_an_error(serve: Serve) -> None:
+    reply = MALFORMED["two lengths"]
+    url = await serve([[reply[i : i + 1] for i in range(len(reply))]])
+    assert isinstance(await _exchange(Upstream(connect_timeout=5), url), Malformed)
+
+
+async def test_reply_ending_before_its_length_is_lost_not_short(serve: Serve) -> None:
+    url = await serve([[JSON_HEAD + b'Content-Length: 20\r\n\r\n{"id": "x"'], [b"close"], GOOD])
+    up = Upstream(connect_timeout=5)
+    resp = await up.post(url, "/", b"", b"{}", 5)
+    assert resp.status == 200  # the head was fine; the body never all came
+    with pytest.raises(Lost, match="not completed"):
+        await resp.read()
+    resp.close()
+    assert await _exchange(up, url) == (200, b"ok")
+    up.close()
+
+
+async def test_chunked_reply_ending_before_its_last_chunk_is_lost(serve: Serve) -> None:
+    url = await serve([[CHUNKED + b'b\r\n{"id": "x"}\r\n'], [b"close"]])
+    outcome = await _exchange(Upstream(connect_timeout=5), url)
+    assert isinstance(outcome, Lost) and not isinstance(outcome, Malformed)
+
+
+async def test_bytes_past_the_end_of_a_reply_keep_its_connection_out_of_the_pool(
+    serve: Serve,
+) -> None:
+    url = await serve([[JSON_HEAD + b"Content-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n"], GOOD])
+    up = Upstream(connect_timeout=5)
+    assert await _exchange(up, url) == (200, b"ok")  # the reply itself was whole
+    assert await _exchange(up, url) == (200, b"ok")
+    assert serve.connections == 2
+    up.close()
+
+
+async def test_keep_alive_follows_the_reply(serve: Serve) -> None:
+    # HTTP/1.0 and Connection: close end the connection after the reply; HTTP/1.1 keeps it.
+    closing: list[Script] = [
+        [b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"],
+        [b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"],
+    ]
+    for reply in closing:
+        url = await serve([reply, GOOD])
+        up = Upstream(connect_timeout=5)
+        assert await _exchange(up, url) == (200, b"ok")
+        assert await _exchange(up, url) == (200, b"ok")
+        up.close()
+    assert serve.connections == 4
+    url = await serve([GOOD, GOOD])
+    up = Upstream(connect_timeout=5)
+    for _ in range(2):
+        assert await _exchange(up, url) == (200, b"ok")
+    assert serve.connections == 5
+    up.close()
+
+
+async def test_no_content_reply_has_no_body_whatever_its_length(serve: Serve) -> None:
+    url = await serve([[b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"], GOOD])
+    up = Upstream(connect_timeout=5)
+    assert await _exchange(up, url) == (204, b"")
+    assert await _exchange(up, url) == (200, b"ok")
+    assert serve.connections == 1
+    up.close()
+
+
+async def test_cancelled_as_its_connection_is_made_the_request_ends(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Python 3.11's asyncio.wait_for returned the connection here, swallowing the cancellation:
+    # the request went on waiting for a reply nobody would read.
+    url = await serve([[None, None, None, *GOOD]])
+    loop = asyncio.get_running_loop()
+    real = loop.create_connection
+    up = Upstream(connect_timeout=5)
+    caller: list[asyncio.Task[Any]] = []
+
+    async def connect(*args: Any, **kw: Any) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
+        made = await real(*args, **kw)
+        caller[0].cancel()  # the cancellation and the connection in the same turn
+        return made
+
+    monkeypatch.setattr(loop, "create_connection", connect)
+    caller.append(asyncio.create_task(up.post(url, "/", b"", b"{}", 5)))
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(caller[0]), 2)
+    await eventually(lambda: up.open == 0, "no connection open")
