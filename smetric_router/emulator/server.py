@@ -79,7 +79,7 @@ TOOL_CALL_PARSER = "qwen3_coder"
 DEFAULT_REQUEST_MODEL = "default"  # what SGLang echoes for an OpenAI request without "model"
 SSE_TYPE = "text/event-stream; charset=utf-8"
 _DIE_KEY = web.RequestKey("emulator_die_mid_stream", bool)
-_NO_CONTENT_TYPE = "emulator_no_content_type"  # a response SGLang sends without a media type
+_NO_CONTENT_TYPE = web.ResponseKey("emulator_no_content_type", bool)  # SGLang sends no media type
 Json = dict[str, Any]
 
 

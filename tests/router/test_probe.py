@@ -35,7 +35,7 @@ class CountingExtractor(FeatureExtractor):
 
 @contextlib.asynccontextmanager
 async def stack(
-    cache_view: str, counting: bool = False
+    cache_view: str, counting: bool = False, probe_timeout_secs: float = 10.0
 ) -> AsyncIterator[tuple[list[Worker], RouterState, aiohttp.ClientSession, str]]:
     async with contextlib.AsyncExitStack() as s:
         workers = [await s.enter_async_context(serving(make_config())) for _ in range(2)]
@@ -46,7 +46,8 @@ async def stack(
             kv_events=False,  # --no-kv-events: only the probe can see the caches,
             inflight_prefixes=False,  # not the router's own record of where prompts went
             cache_view=cache_view,
-            probe_timeout_secs=0.1,
+            # generous unless a test is about the timeout: a loaded machine answers slowly
+            probe_timeout_secs=probe_timeout_secs,
         )
         state = make_state(config)
         if counting:
@@ -89,7 +90,7 @@ async def test_follow_up_sticks_by_probe_with_kv_events_off() -> None:
 
 
 async def test_probe_timeout_counts_as_no_hit_and_balances() -> None:
-    async with stack("probe") as (workers, state, http, url):
+    async with stack("probe", probe_timeout_secs=0.1) as (workers, state, http, url):
         messages = [SYSTEM, {"role": "user", "content": "List the files."}]
         first, _, answer = await chat(http, url, messages)
         holder = next(w for w in workers if w.url == first)
