@@ -79,6 +79,7 @@ class Config:
     router_python_args: tuple[str, ...]
     router_env: tuple[tuple[str, str], ...]
     router_args: tuple[str, ...]
+    kill_every_requests: int = 0  # > 0: kill by progress instead of on the clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,11 +414,17 @@ async def drive(
             flush=True,
         )
 
+    kill_due = asyncio.Event()
+    next_kill = cfg.kill_every_requests
+
     async def client(http: aiohttp.ClientSession) -> None:
-        nonlocal issued
+        nonlocal issued, next_kill
         while issued < cfg.requests:
             issued += 1
             await one_request(http, base, mix, tally)
+            if cfg.kill_every_requests and tally.done >= next_kill:
+                next_kill += cfg.kill_every_requests
+                kill_due.set()
             if tally.done % cfg.sample_every == 0:
                 sample()
 
@@ -425,8 +432,13 @@ async def drive(
         i = 0
         loop = asyncio.get_running_loop()
         while True:
-            # a fixed cadence: a slow restart does not stretch the interval
-            await asyncio.sleep(t0 + (i + 1) * cfg.kill_every_s - time.monotonic())
+            if cfg.kill_every_requests:
+                # by progress, not the clock: a loaded machine still kills inside the run
+                await kill_due.wait()
+                kill_due.clear()
+            else:
+                # a fixed cadence: a slow restart does not stretch the interval
+                await asyncio.sleep(t0 + (i + 1) * cfg.kill_every_s - time.monotonic())
             w = workers[i % len(workers)]
             i += 1
             await loop.run_in_executor(None, w.kill)
@@ -439,7 +451,8 @@ async def drive(
     conn = aiohttp.TCPConnector(limit=cfg.concurrency)
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
         sample()
-        kill_task = asyncio.create_task(killer()) if cfg.kill_every_s > 0 else None
+        kills = cfg.kill_every_s > 0 or cfg.kill_every_requests > 0
+        kill_task = asyncio.create_task(killer()) if kills else None
         await asyncio.gather(*(client(http) for _ in range(cfg.concurrency)))
         if kill_task is not None:
             kill_task.cancel()
@@ -514,8 +527,12 @@ def report(
         f"workers (speedup {cfg.speedup}), KV events {'on' if cfg.kv_events else 'off'}; "
         f"wall time {wall_s:.0f} s ({tally.done / wall_s:.0f} req/s)",
         f"- worker kills (SIGKILL) and restarts: {tally.kills} / {tally.restarts} "
-        f"(every {cfg.kill_every_s:g} s)"
-        if cfg.kill_every_s > 0
+        + (
+            f"(every {cfg.kill_every_requests} requests)"
+            if cfg.kill_every_requests
+            else f"(every {cfg.kill_every_s:g} s)"
+        )
+        if cfg.kill_every_s > 0 or cfg.kill_every_requests > 0
         else "- no worker kills",
         f"- ok: {tally.total('ok')}, failed cleanly: {tally.total('failed_clean')}, "
         f"unclean: {unclean}",
@@ -581,6 +598,8 @@ def run(cfg: Config) -> bool:
                 "wall_s": wall,
                 "outcomes": dict(tally.outcomes),
                 "inflight_left": left,
+                "kills": tally.kills,
+                "restarts": tally.restarts,
                 "samples": [asdict(s) for s in samples],
             },
             indent=1,
@@ -604,6 +623,12 @@ def parse(argv: list[str] | None = None) -> Config:
         type=float,
         default=30.0,
         help="SIGKILL a worker (in turn) this often, then restart it; 0 = never",
+    )
+    p.add_argument(
+        "--kill-every-requests",
+        type=int,
+        default=0,
+        help="instead of --kill-every-s: kill a worker each time this many more requests are done",
     )
     p.add_argument("--sample-every", type=int, default=2000, help="RSS sample every N requests")
     p.add_argument(
@@ -656,6 +681,7 @@ def parse(argv: list[str] | None = None) -> Config:
         concurrency=a.concurrency,
         workers=a.workers,
         kill_every_s=a.kill_every_s,
+        kill_every_requests=a.kill_every_requests,
         sample_every=a.sample_every,
         warmup_fraction=a.warmup_fraction,
         max_growth=a.max_growth,

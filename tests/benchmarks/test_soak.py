@@ -55,11 +55,12 @@ def test_json_outcome_of_a_body_that_does_not_parse() -> None:
 def test_smallest_soak_with_a_worker_killed(tmp_path: Path) -> None:
     out = tmp_path / "soak"
     # RSS growth is not judged at this size (warm-up is most of the run): --max-growth 100
-    code = main(["--requests", "2500", "--workers", "2", "--kill-every-s", "3",
+    # killed by progress, not the clock: a loaded machine still kills inside the run
+    code = main(["--requests", "2500", "--workers", "2", "--kill-every-requests", "800",
                  "--sample-every", "500", "--max-growth", "100", "--out", str(out)])  # fmt: skip
     report = json.loads(out.with_suffix(".json").read_text())
     assert code == 0, out.with_suffix(".md").read_text()
     assert sum(report["outcomes"].values()) == 2500
     assert report["inflight_left"] == 0
-    assert "worker kills (SIGKILL) and restarts: 0" not in out.with_suffix(".md").read_text()
+    assert report["kills"] >= 1, report
     assert Path(f"{out}_rss.png").stat().st_size > 0
