@@ -642,7 +642,14 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         "this 2-core machine, shared with other work).",
         "",
         f"- Cluster: {cluster_line(spec)}, each router on a free loopback port in front of the "
-        "same workers, worker caches flushed before every run.",
+        "same workers, worker caches flushed before every run."
+        + (
+            " Global tier: a real `mooncake_master` (HiCache L3 under SGLang's keys; the "
+            "routers' L3 view from the master), emptied between runs (SGLang's "
+            "`POST /hicache/storage-backend/clear`, until the master counts no key)."
+            if spec.mooncake is not None
+            else ""
+        ),
         *workload_lines(setup, meta),
         f"- SLO (`--goodput`): TTFT ≤ {setup.slo_ttft_ms:g} ms and TPOT ≤ {setup.slo_tpot_ms:g} "
         "ms. "
