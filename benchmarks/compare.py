@@ -468,6 +468,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
     # the workers' tokenizer: bench_serving counts with it, the tool-call check renders with it
     tok = str(DEFAULT_TOKENIZER) if emulated else tokenizer_path(spec.sglang)
     runs: list[Run] = []
+    l3 = master_metrics(spec)
     stack = Stack(spec)
     try:
         stack.start_workers()
@@ -479,7 +480,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 router_log = work / f"{slug}.router.log"
                 with router_on_free_port(name, spec, workers, sglang_py, stack, model,
                                          router_log) as url:  # fmt: skip
-                    flush(workers, l3=master_metrics(spec))
+                    flush(workers, l3)
                     p0, c0 = token_counters(workers)
                     d0 = decisions(url)
                     out = work / f"{slug}.jsonl"
@@ -497,7 +498,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                     d1 = decisions(url)
                     calls = {}
                     if setup.agent and rate == setup.rates[0]:
-                        flush(workers, l3=master_metrics(spec))
+                        flush(workers, l3)
                         calls = tool_call_check(url, model, tok, setup.tool_sessions)
                 result = json.loads(out.read_text().splitlines()[-1])
                 run = Run(

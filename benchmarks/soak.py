@@ -81,6 +81,10 @@ class Config:
     router_args: tuple[str, ...]
     kill_every_requests: int = 0  # > 0: kill by progress instead of on the clock
 
+    @property
+    def kills(self) -> bool:
+        return self.kill_every_s > 0 or self.kill_every_requests > 0
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -451,8 +455,7 @@ async def drive(
     conn = aiohttp.TCPConnector(limit=cfg.concurrency)
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
         sample()
-        kills = cfg.kill_every_s > 0 or cfg.kill_every_requests > 0
-        kill_task = asyncio.create_task(killer()) if kills else None
+        kill_task = asyncio.create_task(killer()) if cfg.kills else None
         await asyncio.gather(*(client(http) for _ in range(cfg.concurrency)))
         if kill_task is not None:
             kill_task.cancel()
@@ -532,7 +535,7 @@ def report(
             if cfg.kill_every_requests
             else f"(every {cfg.kill_every_s:g} s)"
         )
-        if cfg.kill_every_s > 0 or cfg.kill_every_requests > 0
+        if cfg.kills
         else "- no worker kills",
         f"- ok: {tally.total('ok')}, failed cleanly: {tally.total('failed_clean')}, "
         f"unclean: {unclean}",
