@@ -49,6 +49,10 @@ class ChildExited(RuntimeError):
 
 
 READY_TIMEOUT_S = 60.0
+# One readiness probe's limit. SGLang started with --sleep-on-idle (what the CPU workers use)
+# answers /health only after its scheduler's idle sleep, ~1.0 s: a 1 s limit timed out on most
+# probes, so a ready worker was seen ready only by luck, tens of seconds late.
+PROBE_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 15.0
 # Restarts: the first after RESTART_BASE_S, doubling while the child dies within STABLE_S of its
 # start, at most RESTART_CAP_S; one that ran STABLE_S or longer starts a new streak.
@@ -282,7 +286,7 @@ class Stack:
                         f"{c.name} exited with code {c.proc.returncode} during start-up"
                     )
                 try:
-                    with urllib.request.urlopen(c.ready_url, timeout=1) as resp:
+                    with urllib.request.urlopen(c.ready_url, timeout=PROBE_TIMEOUT_S) as resp:
                         if resp.status == 200:
                             pending.remove(c)
                             log.info("%s ready after %.1f s", c.name, time.monotonic() - start)
@@ -344,7 +348,7 @@ class Stack:
     def _check_back(self, c: Child, now: float) -> None:
         c.next_ready_poll = now + READY_POLL_S
         try:
-            with urllib.request.urlopen(c.ready_url, timeout=0.5) as resp:
+            with urllib.request.urlopen(c.ready_url, timeout=PROBE_TIMEOUT_S) as resp:
                 ready = resp.status == 200
         except (urllib.error.URLError, OSError):
             ready = False
