@@ -14,14 +14,13 @@ import pytest
 from smetric_router.core.port_file import read_port_file
 from smetric_router.policies import PolicyParams
 from smetric_router.router.api_responses import RESPONSE_ID_KEY_ENV
-from smetric_router.router.cli import (
+from smetric_router.router.cli import build_parser, config_from_args
+from smetric_router.router.config import (
     ADMIN_API_KEY_ENV,
     API_KEY_ENV,
     WORKER_API_KEY_ENV,
-    build_parser,
-    config_from_args,
+    RouterConfig,
 )
-from smetric_router.router.config import RouterConfig
 from tests.helpers.polling import eventually
 from tests.router.conftest import MakeWorker
 
