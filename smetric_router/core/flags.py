@@ -315,19 +315,21 @@ def documented(parser: argparse.ArgumentParser) -> Iterator[tuple[str, list[tupl
 
 def markdown(parser: argparse.ArgumentParser, title: str, intro: str) -> str:
     """The parser's options as Markdown tables, one per argument group."""
-
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
-
     out = [f"# {title}", "", intro, ""]
     if parser.description:
-        out += [" ".join(parser.description.split()), ""]
+        out += [md_text(" ".join(parser.description.split())), ""]
     for group_title, rows in documented(parser):
         group = next(g for g in parser._action_groups if g.title == group_title)
         out += [f"## {group_title[:1].upper()}{group_title[1:]}", ""]
         if group.description:
-            out += [" ".join(group.description.split()), ""]
+            out += [md_text(" ".join(group.description.split())), ""]
         out += ["| flag | default | meaning |", "|---|---|---|"]
-        out += [f"| `{cell(i)}` | {cell(d)} | {cell(m)} |" for i, d, m in rows]
+        out += [f"| `{i}` | {md_text(d)} | {md_text(m)} |" for i, d, m in rows]
         out.append("")
     return "\n".join(out)
+
+
+def md_text(text: str) -> str:
+    """Plain text as Markdown (table cells included): '*' and '<' stay themselves, '|' does not
+    end a cell."""
+    return re.sub(r"([\\*<|])", r"\\\1", text)
