@@ -294,8 +294,8 @@ OFF = "off"  # ... and of a switch
 
 
 def documented(parser: argparse.ArgumentParser) -> Iterator[tuple[str, list[tuple[str, str, str]]]]:
-    """Per argument group (title, description), its options as (invocation, default, meaning),
-    the texts --help prints (without the help option and hidden flags)."""
+    """Per argument group, its title and its options as (invocation, default, meaning): the
+    texts --help prints (without the help option and hidden flags)."""
     formatter = parser._get_formatter()
     for group in parser._action_groups:
         rows = []
@@ -308,9 +308,19 @@ def documented(parser: argparse.ArgumentParser) -> Iterator[tuple[str, list[tupl
                 default, text = m.group(1), text[: m.start()]
             else:
                 default = OFF if action.nargs == 0 else NO_DEFAULT
-            rows.append((formatter._format_action_invocation(action), default, text))
+            rows.append((_invocation(formatter, action), default, text))
         if rows:
             yield group.title or "", rows
+
+
+def _invocation(formatter: argparse.HelpFormatter, action: argparse.Action) -> str:
+    """'--role, --disaggregation-mode ROLE': each name once (argparse before 3.13 repeats the
+    metavar after every alias), so the docs read the same on every Python."""
+    names = ", ".join(action.option_strings)
+    if action.nargs == 0:
+        return names
+    metavar = formatter._get_default_metavar_for_optional(action)
+    return f"{names} {formatter._format_args(action, metavar)}"
 
 
 def markdown(parser: argparse.ArgumentParser, title: str, intro: str) -> str:
