@@ -88,6 +88,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     fields = values(EmulatorConfig, args)
+    # the bundled tokenizer's place is the tokenizer module's to know, not the config's
     fields["tokenizer_path"] = fields["tokenizer_path"] or str(DEFAULT_TOKENIZER_DIR)
     return EmulatorConfig(**fields)
 
