@@ -12,7 +12,7 @@ SGL_VENV ?= .venv-sglang
 SGL_PY := $(SGL_VENV)/bin/python
 ARGS ?=
 
-.PHONY: run test setup sglang agents
+.PHONY: run test setup sglang agents flag-docs
 setup: $(VENV)/.installed
 
 # libibverbs1: what Mooncake's native client and mooncake_master (the `mooncake` extra) link against.
@@ -25,6 +25,11 @@ $(VENV)/.installed: pyproject.toml
 
 run: setup
 	$(PY) -m smetric_router.launch $(ARGS)
+
+# docs/router-flags.md and docs/emulator-flags.md from the flags' declarations (after editing a
+# flag; tests/test_flag_docs.py fails while they disagree with --help)
+flag-docs: setup
+	$(PY) -m smetric_router.core.flag_docs
 
 sglang: $(SGL_VENV)/.installed
 	$(SGL_PY) -m smetric_router.patches apply

@@ -1,6 +1,5 @@
-"""The paper's PD-colocation figures on the simulator (issues 3 and 14): Figures 9, 11/16, 12,
-14/24, 15, 25, the global-tier figures (provisioning, NICs per server, a degraded link) and the
-acceptance table.
+"""The paper's PD-colocation figures on the simulator: Figures 9, 11/16, 12, 14/24, 15, 25, the
+global-tier figures (provisioning, NICs per server, a degraded link) and the acceptance table.
 
     python -m benchmarks.repro_colocated FIGURE [--jobs N]
     FIGURE: bailian_lambda, fig9, fig11, fig12, fig14, fig15, fig25, provisioning, nics, sampling,
@@ -140,7 +139,7 @@ PROVISIONING = (0.0, 0.5, 1.6, math.inf)
 # the secondary sweeps' policies (CPU budget): the most local and the most global of the four
 PAIR = ("smetric", "load_balance")
 NICS = (1, 2, 4)  # 200 Gb/s NICs per 8-GPU server
-# Degraded links, GB/s per server on 1 NIC: what Mooncake users report on H20 (issue 14)
+# Degraded links, GB/s per server on 1 NIC: what Mooncake users report on H20
 DEGRADED_GBPS = (5.0, 10.0)
 NIC_GBPS = 21.75  # per 200 Gb/s NIC: Mooncake transfer engine ~87 GB/s over 4 x 200 Gbps
 WINDOW_S = 30.0
@@ -408,7 +407,7 @@ def probe() -> None:
     print(f"rule's BASE_RATE: {max(ok) if ok else 'none (all below 90 %)'}")
 
 
-LAMBDAS = (0.5, 0.6, 0.7, 0.8, 0.9)  # issue 3 swept 0.3-0.9 (CPU budget: from 0.5)
+LAMBDAS = (0.5, 0.6, 0.7, 0.8, 0.9)  # the earlier model's study swept 0.3-0.9 (CPU budget)
 # The paper's Bailian imbalance over load-balance-only's: 2.7 / 2.1 (Fig 11c), 3.0 / 2.0 (Fig 15b)
 PAPER_BAILIAN_OVER_LB = (2.7 / 2.1, 3.0 / 2.0)
 
@@ -463,8 +462,8 @@ def bailian_lambda() -> None:
     ax.legend()
     body = [
         "The paper gives Bailian's score, f = (1-λ)·load + λ·(1-hit ratio), and says the operator "
-        "sets a large λ for agents, but not its value. Rule (unchanged since issue 3, re-applied "
-        "to this trace and model): the λ in "
+        "sets a large λ for agents, but not its value. Rule (chosen for the earlier model, "
+        "re-applied unchanged to this trace and model): the λ in "
         f"{', '.join(f'{x:g}' for x in LAMBDAS)} whose `imbalance_mean` at rate {AT:g}x with the "
         "full global tier, divided by load_balance's at the same point, is nearest the paper's "
         f"Bailian / load-balance-only ratio, {lo:.2f} (Fig 11c: 2.7 / 2.1) to {hi:.2f} (Fig 15b: "
@@ -970,7 +969,7 @@ def hints_specs() -> list[Spec]:
 
 
 def session_hints() -> None:
-    """SMetric with and without the agent's session id as a hint (issue 13), every seed."""
+    """SMetric with and without the agent's session id as a hint, every seed."""
     rows = runs(hints_specs())
 
     def cell(g: float, x: float, h: bool) -> list[dict[str, Any]]:
@@ -1042,7 +1041,7 @@ def session_hints() -> None:
         "",
         save(fig, "session_hints"),
     ]
-    write("session_hints", "Session hints in the simulator (issue 13 item 3)", body, rows)
+    write("session_hints", "Session hints in the simulator", body, rows)
 
 
 def fig25() -> None:
@@ -1241,7 +1240,7 @@ def provisioning() -> None:
     ]
     write(
         "provisioning",
-        "Global-tier provisioning at the operating point (new in issue 14)",
+        "Global-tier provisioning at the operating point (not a figure of the paper)",
         body,
         list(rows.values()),
     )
@@ -1266,7 +1265,7 @@ def nics() -> None:
         "",
         _tier_plot(NICS, rows, "NICs per server", "nics"),
     ]
-    write("nics", "NICs per server (new in issue 14)", body, list(rows.values()))
+    write("nics", "NICs per server (not a figure of the paper)", body, list(rows.values()))
 
 
 def degraded_specs() -> list[Spec]:
@@ -1281,7 +1280,7 @@ def degraded_link() -> None:
         f"SMetric and load_balance (the most local and the most global policy; CPU budget) at "
         f"rate {AT:g}x, fully provisioned global tier, paper mode, trace seed 1, "
         "one NIC per server delivering 5 or 10 GB/s (what Mooncake users report on H20 "
-        f"nodes, issue 14), beside the nominal {NIC_GBPS} GB/s. Each cell: TPS within SLO (local "
+        f"nodes), beside the nominal {NIC_GBPS} GB/s. Each cell: TPS within SLO (local "
         "hit / global hit / link busy share).",
         "",
         *_tier_table(xs, rows, "{:g} GB/s"),
@@ -1289,7 +1288,10 @@ def degraded_link() -> None:
         _tier_plot(xs, rows, "GB/s per server", "degraded_link"),
     ]
     write(
-        "degraded_link", "A degraded global-tier link (new in issue 14)", body, list(rows.values())
+        "degraded_link",
+        "A degraded global-tier link (not a figure of the paper)",
+        body,
+        list(rows.values()),
     )
 
 
@@ -1415,7 +1417,7 @@ def acceptance() -> None:
             diag,
         ),
     ]
-    write("acceptance", "Issue 14 acceptance", body, rows)
+    write("acceptance", "Acceptance: the paper's claims as targets, on the simulator", body, rows)
 
 
 def reuse() -> None:

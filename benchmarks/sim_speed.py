@@ -1,4 +1,4 @@
-"""Simulator speed: the issue's two targets, measured on one pinned core.
+"""Simulator speed: two targets, measured on one pinned core.
 
 1. The whole Mooncake conversation trace (12,031 requests), 32 instances, one policy: <= 60 s.
 2. A 100,000-request generated agentic trace, 32 instances, one policy: <= 5 minutes.

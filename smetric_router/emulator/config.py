@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from smetric_router.core.flags import Flag, nested, option
 from smetric_router.emulator.kv_config import KvEventsConfig
+from smetric_router.emulator.mooncake_tier import FLAG_GROUP as TIER_GROUP
 from smetric_router.emulator.mooncake_tier import TierOptions
 from smetric_router.engine.api import EngineConfig
 
@@ -27,27 +29,127 @@ GlobalTierKind = Literal["none", "mooncake"]
 GLOBAL_TIERS: tuple[GlobalTierKind, ...] = ("none", "mooncake")
 
 
+PD = "PD disaggregation"
+# The flags' argument groups (title -> what --help says of them), in --help's order.
+FLAG_GROUPS = {
+    PD: "prefill: computes the prompt, answers with the first token and offers the KV under the "
+    "request's bootstrap_room on its bootstrap port; decode: fetches that KV from "
+    "bootstrap_host:bootstrap_port, waits the modelled transfer, then decodes the answer",
+    TIER_GROUP: "mooncake: HiCache's L3 in a real Mooncake store, under SGLang's keys; the client "
+    "is set up from the MOONCAKE_* environment SGLang's MooncakeStore reads (MOONCAKE_MASTER, "
+    "MOONCAKE_TE_META_DATA_SERVER, MOONCAKE_PROTOCOL, MOONCAKE_DEVICE, "
+    "MOONCAKE_GLOBAL_SEGMENT_SIZE, MOONCAKE_LOCAL_HOSTNAME; MC_TCP_BIND_ADDRESS for tcp)",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class EmulatorConfig:
-    host: str = "127.0.0.1"
-    port: int = 30000
-    model_name: str = DEFAULT_MODEL_NAME
-    tokenizer_path: str = ""  # the HF tokenizer directory prompts are tokenized with
-    chat_template: str | None = None  # SGLang's --chat-template (.jinja); None: the tokenizer's
-    kv_events_port: int | None = None  # ZMQ PUB port; None: events off
-    kv_events_replay_port: int | None = None
-    kv_events_topic: str = ""
-    kv_events_config: str | None = None  # SGLang's --kv-events-config JSON; overrides the ports
-    speedup: float = 1.0  # model seconds per wall second
-    role: Role = "null"
-    bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT  # prefill: where decode fetches its KV
-    transfer_gbps: float = DEFAULT_TRANSFER_GBPS  # the modelled prefill -> decode KV link
-    decode_kv_timeout_s: float = DEFAULT_DECODE_KV_TIMEOUT_S  # decode: wall seconds to wait for KV
-    context_length: int | None = None  # SGLang's --context-length; None: the GPU KV capacity
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    global_tier: GlobalTierKind = "none"  # mooncake: L3 in a real store (MOONCAKE_* environment)
-    mooncake: TierOptions = field(default_factory=TierOptions)
-    api_key: str | None = field(default=None, repr=False)  # SGLang's --api-key
+    """One emulated worker; each field declares the flag that sets it (core/flags.py)."""
+
+    host: str = option("127.0.0.1", Flag("--host", "address to listen on"))
+    port: int = option(30000, Flag("--port", "HTTP port; 0 = any free port"))
+    model_name: str = option(DEFAULT_MODEL_NAME, Flag("--model-name", "served model name"))
+    # the HF tokenizer directory prompts are tokenized with ("" only before the CLI fills it)
+    tokenizer_path: str = option(
+        "",
+        Flag(
+            "--tokenizer-path",
+            "HF tokenizer (or model) directory, read offline",
+            default_text="the bundled one",
+        ),
+    )
+    chat_template: str | None = option(
+        None,
+        Flag(
+            "--chat-template",
+            "a Jinja chat template file (.jinja) used instead of the tokenizer's own, read as "
+            "SGLang reads its --chat-template",
+        ),
+    )
+    kv_events_port: int | None = option(
+        None, Flag("--kv-events-port", "ZMQ PUB port (0 = any)", default_text="off")
+    )
+    kv_events_replay_port: int | None = option(
+        None,
+        Flag(
+            "--kv-events-replay-port", "ZMQ replay (ROUTER) port (0 = any); needs --kv-events-port"
+        ),
+    )
+    kv_events_topic: str = option("", Flag("--kv-events-topic", "topic of the KV-event frames"))
+    kv_events_config: str | None = option(
+        None,
+        Flag(
+            "--kv-events-config",
+            "SGLang's KV-event JSON instead of the --kv-events-* ports, e.g. "
+            '\'{"publisher":"zmq","endpoint":"tcp://127.0.0.1:5557","bind":true}\'; as in SGLang '
+            'the PUB socket binds only with "bind": true or a wildcard host (tcp://*:P), else it '
+            "connects to the endpoint",
+        ),
+    )
+    speedup: float = option(1.0, Flag("--speedup", "model seconds per wall second"))
+    role: Role = option(
+        "null",
+        Flag(
+            "--role",
+            "SGLang's --disaggregation-mode; null = colocated",
+            aliases=("--disaggregation-mode",),
+            group=PD,
+        ),
+    )
+    bootstrap_port: int = option(
+        DEFAULT_BOOTSTRAP_PORT,
+        Flag(
+            "--disaggregation-bootstrap-port",
+            "prefill: port of the KV handover endpoint (0 = any free port)",
+            group=PD,
+        ),
+    )
+    transfer_gbps: float = option(
+        DEFAULT_TRANSFER_GBPS,
+        Flag(
+            "--transfer-gbps",
+            "decode: modelled prefill -> decode KV link in Gbit/s (scaled by --speedup)",
+            group=PD,
+        ),
+    )
+    decode_kv_timeout_s: float = option(
+        DEFAULT_DECODE_KV_TIMEOUT_S,
+        Flag(
+            "--decode-kv-timeout-secs",
+            "decode: wall seconds to wait for a request's KV before failing it",
+            group=PD,
+        ),
+    )
+    context_length: int | None = option(
+        None,
+        Flag(
+            "--context-length",
+            "the model's context length (SGLang's --context-length), reported as /v1/models "
+            "max_model_len; prompts that reach it, and max_tokens that with the prompt exceed "
+            "it, are refused with 400 as SGLang refuses them",
+            default_text="the GPU-tier KV capacity",
+        ),
+    )
+    engine: EngineConfig = field(default_factory=EngineConfig, metadata=nested())
+    global_tier: GlobalTierKind = option(
+        "none",
+        Flag(
+            "--global-tier",
+            "the engine's global KV tier (not on a decode instance)",
+            group=TIER_GROUP,
+        ),
+    )
+    mooncake: TierOptions = field(default_factory=TierOptions, metadata=nested())
+    api_key: str | None = option(
+        None,
+        Flag(
+            "--api-key",
+            "as SGLang's --api-key: every endpoint but /health*, /ready* and /metrics* then "
+            "needs 'Authorization: Bearer KEY' (401 otherwise)",
+            metavar="KEY",
+        ),
+        repr=False,
+    )
 
     def kv_events(self) -> KvEventsConfig | None:
         """The publisher's settings: --kv-events-config as SGLang reads it, else --kv-events-port

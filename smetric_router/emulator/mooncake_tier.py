@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from smetric_router.core.flags import Flag, option
 from smetric_router.core.mooncake_keys import key_prefix, page_keys
 from smetric_router.core.prefix import leading_run
 from smetric_router.features.hashing import block_hash, page_digests
@@ -60,13 +61,40 @@ class TierError(RuntimeError):
     """The tier cannot start: no Mooncake client, no master, or a failed setup."""
 
 
+# The emulated worker's argument group of the tier's flags.
+FLAG_GROUP = "global KV tier"
+
+
 @dataclass(frozen=True, slots=True)
 class TierOptions:
     """The emulator's own settings for the tier (its CLI flags)."""
 
-    payload_bytes: int = 4096  # bytes per stored object (page x K/V), not the page's real KV
-    query_timeout_s: float = 0.5  # the longest a request waits for its existence query
-    connect_timeout_s: float = 60.0  # how long start-up waits for the master's RPC port
+    # bytes per stored object (page x K/V), not the page's real KV
+    payload_bytes: int = option(
+        4096,
+        Flag(
+            "--mooncake-payload-bytes",
+            "bytes stored per page and K/V object (scaled down: the fetch time is modelled)",
+            group=FLAG_GROUP,
+        ),
+    )
+    query_timeout_s: float = option(
+        0.5,
+        Flag(
+            "--mooncake-query-timeout-secs",
+            "the longest a request waits for the store to say which of its pages it holds "
+            "(then it is served as a miss)",
+            group=FLAG_GROUP,
+        ),
+    )
+    connect_timeout_s: float = option(
+        60.0,
+        Flag(
+            "--mooncake-connect-timeout-secs",
+            "start-up fails when the master's RPC port does not answer within this",
+            group=FLAG_GROUP,
+        ),
+    )
     health_interval_s: float = 0.5
 
 

@@ -9,19 +9,35 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from smetric_router.core.flags import Flag, option
 from smetric_router.core.kv_events import KVCacheEvent
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    page_size: int = 16
-    gpu_kv_tokens: int = 262_144  # GPU-tier capacity in tokens (profile may override)
-    host_kv_tokens: int = 0  # HiCache host tier in tokens; 0 disables it
-    chunked_prefill_size: int = (
-        8192  # max prompt tokens computed per step (SGLang --chunked-prefill-size)
+    """One engine; the flags are the emulated worker's (SGLang's names where it has them)."""
+
+    page_size: int = option(16, Flag("--page-size", "KV page size in tokens"))
+    # GPU-tier capacity in tokens (profile may override)
+    gpu_kv_tokens: int = option(262_144, Flag("--gpu-kv-tokens", "GPU-tier KV capacity (tokens)"))
+    host_kv_tokens: int = option(
+        0,
+        Flag("--host-kv-tokens", "HiCache host-tier KV capacity (tokens); 0 = no host tier"),
     )
-    max_running_requests: int = 256
-    profile: str = "h20-qwen3-coder-30b-a3b"  # timing profile name (engine/profiles/*.json)
+    chunked_prefill_size: int = option(
+        8192,
+        Flag(
+            "--chunked-prefill-size",
+            "new prompt tokens computed per step (SGLang's --chunked-prefill-size)",
+        ),
+    )
+    max_running_requests: int = option(
+        256, Flag("--max-running-requests", "batch size limit (SGLang's --max-running-requests)")
+    )
+    profile: str = option(
+        "h20-qwen3-coder-30b-a3b",
+        Flag("--profile", "engine timing profile name (engine/profiles/NAME.json)"),
+    )
 
 
 @dataclass(slots=True)

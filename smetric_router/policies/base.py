@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from smetric_router.core.flags import Flag, option
 from smetric_router.core.types import (
     ClusterView,
     Decision,
@@ -14,31 +15,95 @@ from smetric_router.core.types import (
     WorkerView,
 )
 
+# The argument group the router lists --l3-aware-guard in (its other L3 flags are there).
+L3_FLAG_GROUP = "global KV tier (L3)"
+
 
 @dataclass(frozen=True, slots=True)
 class PolicyParams:
-    """Tunables of all policies (defaults from the paper and from sglang-router 0.3.2)."""
+    """Tunables of all policies (defaults from the paper and from sglang-router 0.3.2), with the
+    flags the router and the simulator set them by."""
 
-    overload: float = 2.0  # SMetric: sticky target must carry load <= overload x mean load
+    overload: float = option(
+        2.0,
+        Flag(
+            "--overload",
+            "smetric: a follow-up is not sent to its cache holder when that worker's load "
+            "exceeds OVERLOAD x the mean load (it is balanced instead); the paper's OVERLOAD; "
+            "inf = never",
+        ),
+    )
     # SMetric: ...or at most this much above the mean. Request counts are small integers at light
     # load, and sessions that share a worker arrive there in step: the ratio alone then calls a
     # worker running 2 requests overloaded when the mean is 0.5. A worker batching tens of requests
     # does not notice two more, so only an excess beyond this slack counts (0 = the paper's rule).
-    overload_slack: float = 2.0
-    hit_ratio: float = 0.5  # SMetric: sticky only if best hit > hit_ratio x est_hit
+    overload_slack: float = option(
+        2.0,
+        Flag(
+            "--overload-slack",
+            "smetric: ...and by more than this much above the mean (in load units: requests), "
+            "so that a couple of extra requests at light load are not an overload; 0 = the "
+            "paper's ratio only",
+        ),
+    )
+    hit_ratio: float = option(
+        0.5,
+        Flag(
+            "--hit-ratio",
+            "smetric: a follow-up whose best cached prefix is at most HIT_RATIO x its history "
+            "is treated as evicted and balanced; the paper's HIT_RATIO",
+        ),
+    )
     # SMetric: a history that left the local tiers but is held in L3 is fetchable, not evicted:
     # the follow-up stays with its best local holder, which loads the rest from L3, instead of
     # being balanced (where the whole history would be fetched). Needs the router's L3 view. Off
     # by default: it saves L3 traffic but keeps sessions on the workers whose caches overflowed,
     # which cost tail TTFT in benchmarks/results/l3_guard.md.
-    l3_aware: bool = False
+    l3_aware: bool = option(
+        False,
+        Flag(
+            "--l3-aware-guard",
+            "smetric: a history evicted from the local tiers but held in L3 stays with its best "
+            "local holder, which loads the rest from L3 (reason sticky-l3), instead of being "
+            "balanced as the paper's guard does: less L3 traffic, more load on the workers that "
+            "evicted (worse tail TTFT in benchmarks/results/l3_guard.md); needs --l3-view",
+            group=L3_FLAG_GROUP,
+        ),
+    )
     # Bailian: weight of the miss term. Unpublished; 0.6 gives the paper's Bailian imbalance
     # relative to load-balance-only (benchmarks/results/bailian_lambda.md); from 0.7 a shared
     # template's hit outweighs any load and sessions pile on the template's holders.
-    bailian_lambda: float = 0.6
-    cache_threshold: float = 0.3  # cache_aware (sglang-router --cache-threshold)
-    balance_abs_threshold: float = 64  # cache_aware (--balance-abs-threshold)
-    balance_rel_threshold: float = 1.5  # cache_aware (--balance-rel-threshold)
+    bailian_lambda: float = option(
+        0.6,
+        Flag(
+            "--bailian-lambda",
+            "bailian: weight of the cache-miss term against the load term (unpublished; chosen "
+            "in benchmarks/results/bailian_lambda.md)",
+        ),
+    )
+    cache_threshold: float = option(
+        0.3,
+        Flag(
+            "--cache-threshold",
+            "cache_aware (as sglang-router): minimum text-match ratio to follow the tree",
+        ),
+    )
+    balance_abs_threshold: float = option(
+        64,
+        Flag(
+            "--balance-abs-threshold",
+            "cache_aware (as sglang-router): load gap (max-min) above which the cluster counts "
+            "as imbalanced",
+        ),
+    )
+    balance_rel_threshold: float = option(
+        1.5,
+        Flag(
+            "--balance-rel-threshold",
+            "cache_aware (as sglang-router): load ratio (max/min) above which the cluster "
+            "counts as imbalanced",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.overload <= 0:

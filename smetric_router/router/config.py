@@ -1,10 +1,18 @@
-"""The router's settings, fixed at start-up."""
+"""The router's settings, fixed at start-up, and the flags that set them.
+
+Each field declares its own command-line flag (core/flags.py): `smetric-router`'s parser, its
+--help and docs/router-flags.md are generated from these declarations.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from smetric_router.policies import PolicyParams
+from smetric_router.cluster.inflight import GRACE_S
+from smetric_router.core.flags import Flag, nested, option
+from smetric_router.policies import PolicyParams, policy_names
+from smetric_router.policies.base import L3_FLAG_GROUP
+from smetric_router.router.api_responses import RESPONSE_ID_KEY_ENV
 from smetric_router.router.auth import AuthPolicy, bearer
 from smetric_router.router.workers import Role, WorkerSpec
 
@@ -15,88 +23,548 @@ L3_VIEWS = ("off", "master", "events")
 # What to do with an Anthropic `thinking` for workers without a reasoning parser, which refuse it:
 # drop it (served as without it), or pass it on for the workers' own 400.
 ANTHROPIC_THINKING = ("drop", "reject")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+# Keys are read from these when the flag is absent: a command line is visible to every local
+# user (ps), the environment is not.
+API_KEY_ENV = "SMETRIC_API_KEY"
+ADMIN_API_KEY_ENV = "SMETRIC_ADMIN_API_KEY"
+WORKER_API_KEY_ENV = "SMETRIC_WORKER_API_KEY"
+
+# The flags' argument groups (title -> what --help says of them), in --help's order; flags
+# without a group are listed first.
+PD = "PD disaggregation"
+LIFECYCLE = "lifecycle"
+L3 = L3_FLAG_GROUP
+UPSTREAM = "connections to workers"
+AUTH = "authentication"
+RESPONSES = "OpenAI Responses"
+LIMITS = "request limits"
+AGENTS = "coding agents"
+FLAG_GROUPS = {
+    PD: "prefill and decode on separate SGLang instances (as sglang_router)",
+    LIFECYCLE: "how the router stops",
+    L3: "Mooncake as HiCache's L3: which prompt pages any worker can load from the shared store",
+    UPSTREAM: "bounds, timeouts and retries of the forwarded requests",
+    AUTH: "Clients send keys as 'Authorization: Bearer KEY' (the openai client's api_key). "
+    "/health, /liveness, /readiness and /metrics stay open, for probes and Prometheus. "
+    "Request bodies must be sent as 'Content-Type: application/json' (else 415).",
+    RESPONSES: "/v1/responses ids the router hands out name the worker that stores the response, "
+    "signed, so previous_response_id, GET and cancel reach it without a table.",
+    LIMITS: "what the router refuses (400) before a worker sees it",
+    AGENTS: "what the router reads from agents' requests",
+}
+
+
+def prefill_specs(given: list[list[str]]) -> tuple[tuple[str, int | None], ...]:
+    """--prefill URL [BOOTSTRAP_PORT|none], each use -> (URL, port or None = discover)."""
+    out: list[tuple[str, int | None]] = []
+    for item in given:
+        if len(item) > 2:
+            raise ValueError(f"--prefill takes URL [BOOTSTRAP_PORT|none], got {' '.join(item)}")
+        port = item[1] if len(item) == 2 else "none"
+        if port.lower() == "none":
+            out.append((item[0], None))
+        elif port.isdigit():
+            out.append((item[0], int(port)))
+        else:
+            raise ValueError(f"--prefill {item[0]}: bootstrap port must be a number or 'none'")
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
-    worker_urls: tuple[str, ...] = ()
-    host: str = "127.0.0.1"
-    port: int = 30000
-    policy: str = "smetric"
-    policy_params: PolicyParams = field(default_factory=PolicyParams)
-    prometheus_port: int | None = None
-    prometheus_host: str = "127.0.0.1"
-    log_level: str = "info"
-    request_timeout_secs: float = 1800.0
-    tokenizer_path: str | None = None  # None: the committed tokenizer
-    chat_template: str | None = None  # a .jinja file; None: the tokenizer directory's template
-    page_size: int | None = None  # None: read from the workers' /server_info
+    host: str = option("127.0.0.1", Flag("--host", "address the router listens on"))
+    port: int = option(
+        30000, Flag("--port", "port of the router's HTTP API; 0 = any free port (see --port-file)")
+    )
+    # Replicas of this router on one port (SO_REUSEPORT): each a full, independent router.
+    processes: int = option(
+        1,
+        Flag(
+            "--processes",
+            "serve with N router processes on one port (SO_REUSEPORT, Linux): the kernel spreads "
+            "connections over them; each is a full replica of this stateless router (its own "
+            "worker view, KV-event subscriptions and /metrics; --prometheus-port stays with the "
+            "first; GET /health says which pid answered); they stop with the first process",
+            metavar="N",
+        ),
+    )
+    # Set on the replicas the first process starts (and whenever processes > 1).
+    reuse_port: bool = option(False, Flag("--reuse-port", "bind the port shared", hidden=True))
+    worker_urls: tuple[str, ...] = option(
+        (),
+        Flag(
+            "--worker-urls",
+            "SGLang worker base URLs (more can be added at runtime with POST /workers)",
+            metavar="URL",
+        ),
+    )
+    policy: str = option(
+        "smetric",
+        Flag(
+            "--policy",
+            "routing policy. smetric: the paper's Figure 13 (first turn balanced, follow-ups "
+            "sticky to the worker holding their KV cache, with overload and eviction guards) plus "
+            "an overload slack, the L3 view, session hints and a cost-aware placement of the "
+            "follow-ups it does not stick; smetric-paper: Figure 13 exactly; lmetric: the "
+            "paper's baseline (new prefill tokens x reported running batch); lmetric-inflight: "
+            "ours (x the router's in-flight count + 1); bailian: Bailian's scheduler (load and "
+            "cache miss, --bailian-lambda); load_balance: least load; least_tokens: least KV "
+            "tokens in use (the PD decode default); cache_aware, round_robin, random, "
+            "power_of_two: as sglang-router",
+            choices=policy_names,
+        ),
+    )
+    policy_params: PolicyParams = field(default_factory=PolicyParams, metadata=nested())
+    prometheus_port: int | None = option(
+        None,
+        Flag(
+            "--prometheus-port",
+            "also serve /metrics on this port (it is always on the main port too)",
+            default_text="off",
+        ),
+    )
+    prometheus_host: str = option(
+        "127.0.0.1", Flag("--prometheus-host", "address of --prometheus-port")
+    )
+    log_level: str = option(
+        "info",
+        Flag(
+            "--log-level",
+            "log level; debug logs one line per routing decision",
+            choices=LOG_LEVELS,
+        ),
+    )
+    request_timeout_secs: float = option(
+        1800.0,
+        Flag("--request-timeout-secs", "limit on one forwarded request, streaming included"),
+    )
+    tokenizer_path: str | None = option(
+        None,
+        Flag(
+            "--tokenizer-path",
+            "the workers' model directory, or one with its HF tokenizer.json "
+            "(+ tokenizer_config.json): chats are rendered with its chat template "
+            "(chat_template.jinja or tokenizer_config.json) and tokenized with its tokenizer, as "
+            "SGLang does",
+            metavar="PATH",
+            default_text="the tokenizer and ChatML template shipped with smetric-router",
+        ),
+    )
+    chat_template: str | None = option(
+        None,
+        Flag(
+            "--chat-template",
+            "a Jinja chat template (.jinja) to render chats with instead of the model's, for "
+            "workers started with SGLang's --chat-template PATH",
+            metavar="PATH",
+            default_text="the model's",
+        ),
+    )
+    page_size: int | None = option(
+        None,
+        Flag(
+            "--page-size",
+            "KV page size for page hashes; workers must agree",
+            default_text="each worker's /server_info kv_events.block_size (else page_size)",
+        ),
+    )
     # Other replicas' requests reach a replica's view only through these reports: at 1 s, four
     # replicas placed up to a second of each other's arrivals blind (benchmarks/results/README.md).
     # /v1/loads reads a shared-memory snapshot in SGLang, no scheduler round-trip.
-    load_poll_interval_secs: float = 0.2
-    health_check_interval_secs: float = 5.0
-    health_check_timeout_secs: float = 5.0
-    max_body_bytes: int = 32 * 1024 * 1024
-    max_retries: int = 2
-    kv_events: bool = True  # subscribe to the workers' KV events (off: hits stay 0)
+    load_poll_interval_secs: float = option(
+        0.2,
+        Flag(
+            "--load-poll-interval-secs",
+            "how often each worker's GET /v1/loads is read; policies see max(router in-flight, "
+            "reported running + waiting requests), so other router replicas' requests reach "
+            "this one's view through it; lmetric reads the reported running requests alone (the "
+            "last report's, up to one interval old)",
+        ),
+    )
+    health_check_interval_secs: float = option(
+        5.0,
+        Flag(
+            "--health-check-interval-secs",
+            "how often each worker's GET /health is checked; failing workers are excluded "
+            "until they pass again",
+        ),
+    )
+    health_check_timeout_secs: float = option(
+        5.0,
+        Flag("--health-check-timeout-secs", "timeout of one health check or info request"),
+    )
+    max_body_bytes: int = option(
+        32 * 1024 * 1024,
+        Flag("--max-body-bytes", "largest request body accepted (larger ones get HTTP 413)"),
+    )
+    max_retries: int = option(
+        2,
+        Flag(
+            "--max-retries",
+            "how many other workers to try when a worker refuses the connection or answers "
+            "5xx before its first byte",
+        ),
+    )
+    kv_events: bool = option(
+        True,
+        Flag(
+            "--no-kv-events",
+            "do not subscribe to the workers' KV events (cache hits then stay unknown)",
+        ),
+    )
     # KV-event feed hardening: follow a KV-event host a worker's /server_info names
     # even when it is not the worker's own host (off: such a feed is refused).
-    trust_kv_endpoints: bool = False
-    # Where per-worker cache hits come from: "events" (KV-event index) or "probe" (ask each worker's
-    # patched SGLang /smetric/prefix_match per request, see patches/).
-    cache_view: str = "events"
+    trust_kv_endpoints: bool = option(
+        False,
+        Flag(
+            "--trust-kv-endpoints",
+            "subscribe to the KV-event host a worker's /server_info names even when it is not "
+            "the worker's own host; by default such a worker's events are refused (logged, its "
+            "cache view stays empty), so a worker cannot point the router at another machine. "
+            "A wildcard host (*, 0.0.0.0, ::) always means the worker's own host",
+        ),
+    )
     # Count a dispatched request's pages as held by its worker until it ends (plus a grace for
     # its KV events): a follow-up sent while its prefix is still in flight finds its holder.
-    inflight_prefixes: bool = True
-    probe_timeout_secs: float = 0.05
-    l3_view: str = "off"
-    mooncake_master_url: str | None = None  # http://host:port of the master's HTTP (metrics) port
-    l3_key_prefix: str | None = None  # None: the served model name, as SGLang's MooncakeStore
-    l3_tp_rank: int = 0
-    l3_budget_secs: float = 0.025
-    l3_cache_ttl_secs: float = 30.0
+    inflight_prefixes: bool = option(
+        True,
+        Flag(
+            "--no-inflight-prefixes",
+            "count only what the workers' KV events (or probes) show as cached; by default a "
+            "request's prompt pages also count as held by the worker it was sent to while it is "
+            f"in flight and for {GRACE_S:g} s after (cluster/inflight.py), so that a follow-up "
+            "or fork sent before those events arrive (e.g. bench_serving's concurrent Mooncake "
+            "rounds) finds its holder",
+        ),
+    )
+    # Where per-worker cache hits come from: "events" (KV-event index) or "probe" (ask each worker's
+    # patched SGLang /smetric/prefix_match per request, see patches/).
+    cache_view: str = option(
+        "events",
+        Flag(
+            "--cache-view",
+            "where per-worker cache hits come from: 'events' (KV-event index) or 'probe' (ask "
+            "each healthy worker's POST /smetric/prefix_match per request; needs the patched "
+            "SGLang of patches/ or the emulator; no KV-event subscription)",
+            choices=CACHE_VIEWS,
+        ),
+    )
+    probe_timeout_secs: float = option(
+        0.05,
+        Flag(
+            "--probe-timeout-secs",
+            "probe mode: a worker that has not answered the probe by then counts as hit 0",
+        ),
+    )
+    l3_view: str = option(
+        "off",
+        Flag(
+            "--l3-view",
+            "where L3 hits come from: 'master' asks the Mooncake master's HTTP API "
+            "(/batch_query_keys on SGLang's page keys, cached, within --l3-budget-secs; works "
+            "with stock SGLang), 'events' reads L3 KV events from workers running the fork's "
+            "patch (patches/), 'off' = no L3 figure (the guard as the paper writes it)",
+            choices=L3_VIEWS,
+            group=L3,
+        ),
+    )
+    mooncake_master_url: str | None = option(
+        None,
+        Flag(
+            "--mooncake-master-url",
+            "http://HOST:PORT of mooncake_master's HTTP port (its --metrics_port), for "
+            "--l3-view master",
+            metavar="URL",
+            group=L3,
+        ),
+    )
+    l3_key_prefix: str | None = option(
+        None,
+        Flag(
+            "--l3-key-prefix",
+            "prefix of SGLang's Mooncake keys",
+            metavar="PREFIX",
+            group=L3,
+            default_text="the served model name with '/' -> '-' (what SGLang's MooncakeStore "
+            "uses without --hicache-storage-backend-extra-config extra_backend_tag)",
+        ),
+    )
+    l3_tp_rank: int = option(
+        0,
+        Flag(
+            "--l3-tp-rank",
+            "TP rank whose keys are asked for (each rank writes its own)",
+            metavar="RANK",
+            group=L3,
+        ),
+    )
+    l3_budget_secs: float = option(
+        0.025,
+        Flag(
+            "--l3-budget-secs",
+            "longest a routing decision waits for the master; a slower answer counts as "
+            "'unknown' (never as a miss)",
+            group=L3,
+        ),
+    )
+    l3_cache_ttl_secs: float = option(
+        30.0,
+        Flag(
+            "--l3-cache-ttl-secs",
+            "how long a page seen in L3 is trusted without asking the master again",
+            group=L3,
+        ),
+    )
     # PD disaggregation: prefill (URL, bootstrap port or None = discover) and decode instances.
-    pd_disaggregation: bool = False
-    prefill: tuple[tuple[str, int | None], ...] = ()
-    decode_urls: tuple[str, ...] = ()
-    prefill_policy: str | None = None  # None: `policy`
-    decode_policy: str = "least_tokens"
+    pd_disaggregation: bool = option(
+        False,
+        Flag(
+            "--pd-disaggregation",
+            "route each request to a (prefill, decode) pair with SGLang's bootstrap fields",
+            group=PD,
+        ),
+    )
+    prefill: tuple[tuple[str, int | None], ...] = option(
+        (),
+        Flag(
+            "--prefill",
+            "a prefill instance (repeatable); BOOTSTRAP_PORT or 'none' (the default) = read "
+            "disaggregation_bootstrap_port from its /server_info",
+            metavar=("URL", "BOOTSTRAP_PORT"),
+            group=PD,
+            nargs="+",
+            repeat=True,
+            convert=prefill_specs,
+        ),
+    )
+    decode_urls: tuple[str, ...] = option(
+        (),
+        Flag("--decode", "a decode instance (repeatable)", metavar="URL", group=PD, repeat=True),
+    )
+    prefill_policy: str | None = option(
+        None,
+        Flag(
+            "--prefill-policy",
+            "policy over prefill instances, whose load is unprefilled tokens",
+            choices=policy_names,
+            group=PD,
+            default_text="--policy",
+        ),
+    )
+    decode_policy: str = option(
+        "least_tokens",
+        Flag(
+            "--decode-policy",
+            "policy over decode instances, whose load is tokens in use",
+            choices=policy_names,
+            group=PD,
+            unset=True,  # given without --pd-disaggregation is an error
+        ),
+    )
     # SMetric's overload slack for prefill instances, whose load is unprefilled tokens.
-    prefill_overload_slack: float = 4096.0
+    prefill_overload_slack: float = option(
+        4096.0,
+        Flag(
+            "--prefill-overload-slack",
+            "smetric on prefill instances: --overload-slack in unprefilled tokens",
+            group=PD,
+        ),
+    )
     # Dispatch until the prefill is done (its reply ended, or decode's first byte) at most this.
-    pd_handover_timeout_secs: float = 300.0
-    # Replicas of this router on one port (SO_REUSEPORT): each a full, independent router.
-    processes: int = 1
-    reuse_port: bool = False
-    # On SIGTERM/SIGINT, open requests get this long to finish before they are ended.
-    shutdown_grace_secs: float = 30.0
-    # Upstream hardening. Connections to workers open at once (each a
-    # file descriptor); 0 = half the open-file limit. Past it, requests wait for a free one.
-    max_upstream_connections: int = 0
+    pd_handover_timeout_secs: float = option(
+        300.0,
+        Flag(
+            "--pd-handover-timeout-secs",
+            "limit on the wait for a prefill to finish (its reply, or the decode's first byte); "
+            "past it the client gets 504",
+            group=PD,
+        ),
+    )
+    shutdown_grace_secs: float = option(
+        30.0,
+        Flag(
+            "--shutdown-grace-secs",
+            "on SIGTERM/SIGINT: /readiness answers 503 at once (a balancer drains the replica), "
+            "new requests get 503, open ones get this many seconds to finish; then a stream "
+            "still open is ended with an SSE error event (code router_shutting_down) and a "
+            "request still waiting for its worker gets 503, and the router exits 0. A second "
+            "signal ends the grace at once. Each --processes replica drains the same way",
+            group=LIFECYCLE,
+        ),
+    )
+    # Connections to workers open at once (each a file descriptor); 0 = half the open-file limit.
+    # Past it, requests wait for a free one.
+    max_upstream_connections: int = option(
+        0,
+        Flag(
+            "--max-upstream-connections",
+            "connections to workers open at once, over all workers (each is a file "
+            "descriptor, as is each client connection); a request finding all in use waits for "
+            "one (within its own timeouts) instead of failing. 0 = half the open-file limit, "
+            "which the router raises to its hard limit at start",
+            metavar="N",
+            group=UPSTREAM,
+        ),
+    )
     # Retry a request whose worker dropped the connection after it was sent (it may have run).
-    retry_on_reset: bool = False
+    retry_on_reset: bool = option(
+        False,
+        Flag(
+            "--retry-on-reset",
+            "also retry on another worker a request whose worker dropped the connection "
+            "after the request was sent, before answering. Off by default: the worker may have "
+            "run it, and a request that crashes a worker would crash the next ones too",
+            group=UPSTREAM,
+        ),
+    )
     # Dispatch to the worker's first body byte (queue + prefill; a non-streamed request past it
     # only once its worker also fails health checks), and longest silence between body bytes of
     # a stream; past either the worker is marked failed and the request ends.
-    first_byte_timeout_secs: float = 600.0
-    stream_idle_timeout_secs: float = 300.0
+    first_byte_timeout_secs: float = option(
+        600.0,
+        Flag(
+            "--first-byte-timeout-secs",
+            "longest wait from dispatch to the worker's first response byte, queueing and "
+            "prefill included; past it the worker is marked failed and the request answered 504 "
+            "(or ended with an SSE error event). Generous by default: a 100K-token agent prompt "
+            "prefills in seconds on an idle GPU but queues behind other long prefills on a busy "
+            "one. A non-streamed reply's first byte is its whole answer: past this bound it is "
+            "awaited while its worker passes its health checks (a hung SGLang fails them), up "
+            "to --request-timeout-secs",
+            group=UPSTREAM,
+        ),
+    )
+    stream_idle_timeout_secs: float = option(
+        300.0,
+        Flag(
+            "--stream-idle-timeout-secs",
+            "streams: longest silence between two chunks once the first came; past it the "
+            "worker is marked failed and the stream ended with an SSE error event. Generous by "
+            "default: SGLang may retract a running request under KV-cache pressure and prefill "
+            "it again, and tool-call parsers hold text back",
+            group=UPSTREAM,
+        ),
+    )
     # Authentication (router/auth.py). Keys stay out of repr(): a logged config shows no secret.
-    api_key: str | None = field(default=None, repr=False)
-    admin_api_key: str | None = field(default=None, repr=False)
-    worker_api_key: str | None = field(default=None, repr=False)
-    forward_authorization: bool = False
+    api_key: str | None = option(
+        None,
+        Flag(
+            "--api-key",
+            "key the inference endpoints need (generation, /v1/models, GET /workers, "
+            "/smetric/prefix_match); a request without it gets 401",
+            metavar="KEY",
+            group=AUTH,
+            env=API_KEY_ENV,
+            default_text=f"${API_KEY_ENV} (the environment is not visible to other users as a "
+            "command line is), else none: open",
+        ),
+        repr=False,
+    )
+    admin_api_key: str | None = option(
+        None,
+        Flag(
+            "--admin-api-key",
+            "key of the admin endpoints (POST/DELETE /workers, POST /flush_cache): 401 without "
+            "a key, 403 with another; without one, admin endpoints take the --api-key, and with "
+            "no key at all only loopback clients (behind a reverse proxy on this host every "
+            "client is loopback: set a key there)",
+            metavar="KEY",
+            group=AUTH,
+            env=ADMIN_API_KEY_ENV,
+            default_text=f"${ADMIN_API_KEY_ENV}, else none",
+        ),
+        repr=False,
+    )
+    worker_api_key: str | None = option(
+        None,
+        Flag(
+            "--worker-api-key",
+            "the workers' key (SGLang's --api-key): sent as 'Authorization: Bearer KEY' on "
+            "forwarded requests and on the router's own calls (health, server_info, loads, "
+            "flush); excludes --forward-authorization",
+            metavar="KEY",
+            group=AUTH,
+            env=WORKER_API_KEY_ENV,
+            default_text=f"${WORKER_API_KEY_ENV}, else none",
+        ),
+        repr=False,
+    )
+    forward_authorization: bool = option(
+        False,
+        Flag(
+            "--forward-authorization",
+            "pass the client's own Authorization header on to the worker (by default it is "
+            "dropped: it holds the router's key, not the worker's)",
+            group=AUTH,
+        ),
+    )
+    # OpenAI Responses (router/api_responses.py): the key that signs the response ids the
+    # router hands out (they name their holder); None: a random one per router, ids die with it.
+    response_id_key: str | None = option(
+        None,
+        Flag(
+            "--response-id-key",
+            "secret (16+ characters) that signs the response ids; routers that must accept "
+            "each other's ids (replicas behind one address, a restarted router) need the same "
+            "one",
+            metavar="KEY",
+            group=RESPONSES,
+            env=RESPONSE_ID_KEY_ENV,
+            default_text=f"${RESPONSE_ID_KEY_ENV}, else a random key per router (its "
+            "--processes replicas share it): ids then die with the router process",
+        ),
+        repr=False,
+    )
     # Request limits: the served context length (None: the smallest the workers report).
-    context_length: int | None = None
+    context_length: int | None = option(
+        None,
+        Flag(
+            "--context-length",
+            "the served context length: prompts of this many tokens or more, and a max_tokens "
+            "(max_completion_tokens, max_new_tokens) that with the prompt exceeds it, are "
+            "refused with 400 as SGLang refuses them; a huge prompt as soon as a prefix shows "
+            "it too long",
+            metavar="TOKENS",
+            group=LIMITS,
+            default_text="the smallest max_model_len the workers' /v1/models report (unknown: "
+            "no limit)",
+        ),
+    )
     # Coding agents: read the session id an agent sends (x-claude-code-session-id,
     # session_id, x-session-affinity, prompt_cache_key...) as a hint the policy may use
     # (features/session_hint.py, policies/session_home.py).
-    session_hints: bool = True
+    session_hints: bool = option(
+        True,
+        Flag(
+            "--no-session-hints",
+            "ignore the session ids coding agents send (x-claude-code-session-id, session_id, "
+            "x-session-affinity, x-opencode-session, Anthropic metadata.user_id, OpenAI "
+            "prompt_cache_key). By default smetric reads one as a hint only: a session's "
+            "follow-up whose cache holder is gone or overloaded goes to the session's home "
+            "worker (rendezvous hash of the id) if that one is not overloaded, decision reason "
+            "session-hint-fallback; ties among equally good workers go to it too. Turn "
+            "inference never needs a hint",
+            group=AGENTS,
+        ),
+    )
     # Anthropic `thinking` for workers without a reasoning parser (ANTHROPIC_THINKING above).
-    anthropic_thinking: str = "drop"
-    # OpenAI Responses (router/api_responses.py): the key that signs the response ids the
-    # router hands out (they name their holder); None: a random one per router, ids die with it.
-    response_id_key: str | None = field(default=None, repr=False)
+    anthropic_thinking: str = option(
+        "drop",
+        Flag(
+            "--anthropic-thinking",
+            "what to do with an Anthropic Messages `thinking` (Claude Code sends one on every "
+            "request) when no worker of the model reports a reasoning parser in /server_info: "
+            "SGLang refuses it there with a 400. drop: forward the request without it and "
+            "without context_management's clear_thinking edits, which is how such a worker "
+            "serves a request that has none (counted in "
+            "smetric_anthropic_dropped_total{field}); reject: forward it as it came, for the "
+            "workers' own 400",
+            choices=ANTHROPIC_THINKING,
+            group=AGENTS,
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.page_size is not None and self.page_size < 1:

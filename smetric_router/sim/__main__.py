@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from smetric_router.engine.timing import PROFILES_DIR
-from smetric_router.policies.base import PolicyParams, make_policy, policy_names
+from smetric_router.core.flags import RawDescriptionDefaultsHelpFormatter, add_flags, values
+from smetric_router.policies.base import make_policy, policy_names
 from smetric_router.sim.cluster import Cluster
-from smetric_router.sim.config import PREFETCH_POLICIES, TIER_MODES, SimConfig, Slo
+from smetric_router.sim.config import SimConfig
 from smetric_router.sim.metrics import summarize
 from smetric_router.sim.pd import (
     PREFILL_OVERLOAD_SLACK,
@@ -57,24 +57,11 @@ def _floats(text: str) -> list[float]:
     return values
 
 
-class _Help(argparse.RawDescriptionHelpFormatter):
-    """The module docstring as written, and each option's default where it has one."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if action.default is None or action.default is False or action.required:
-            return text
-        default = action.default
-        if isinstance(default, list):
-            default = ",".join(f"{v:g}" for v in default)
-        return f"{text} (default: {default})".strip()
-
-
 def parser() -> argparse.ArgumentParser:
-    d, slo, sim_defaults = PolicyParams(), Slo(), SimConfig()
-    profiles = sorted(f.stem for f in PROFILES_DIR.glob("*.json"))
     p = argparse.ArgumentParser(
-        prog="python -m smetric_router.sim", description=__doc__, formatter_class=_Help
+        prog="python -m smetric_router.sim",
+        description=__doc__,
+        formatter_class=RawDescriptionDefaultsHelpFormatter,
     )
     p.add_argument("--trace", required=True, help="trace file (JSON lines)")
     p.add_argument(
@@ -87,7 +74,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--limit", type=int, default=0, help="replay only the first N requests (0 = all)"
     )
-    p.add_argument("--instances", type=int, default=32, help="serving instances (GPUs)")
     p.add_argument(
         "--policies",
         default="smetric,bailian,lmetric,lmetric-inflight,load_balance",
@@ -115,93 +101,7 @@ def parser() -> argparse.ArgumentParser:
         help="global-tier capacity x the cluster's total GPU KV, in both tier modes "
         "(inf = fully provisioned, never binds; 0 = none); a comma list sweeps",
     )
-    p.add_argument(
-        "--tier-mode",
-        choices=TIER_MODES,
-        default=sim_defaults.tier_mode,
-        help="paper: GPU tier + global tier over RDMA (no private host tier; a global fetch "
-        "stalls the batch, as vLLM + LMCache); hicache: SGLang HiCache, L1 GPU + L2 host "
-        "(local) + L3 Mooncake prefetched while the request is queued",
-    )
-    p.add_argument(
-        "--nics-per-server",
-        type=int,
-        default=sim_defaults.nics_per_server,
-        help="NICs per server (of --gpus-per-server instances); the server's global-tier reads "
-        "and writes share them",
-    )
-    p.add_argument(
-        "--nic-gbytes-per-s",
-        type=float,
-        default=sim_defaults.nic_bytes_per_s / 1e9,
-        help="achieved GB/s per NIC (21.75: Mooncake's 87 GB/s over 4 x 200 Gbps RoCE)",
-    )
-    p.add_argument(
-        "--gpus-per-server",
-        type=int,
-        default=sim_defaults.gpus_per_server,
-        help="instances per server (they share its NICs)",
-    )
-    p.add_argument(
-        "--network-fraction",
-        type=float,
-        default=None,
-        help="share of a global-tier page's bytes that crosses the network "
-        "(default: 1 - 1/servers, pages spread evenly over the servers' memory)",
-    )
-    p.add_argument(
-        "--fetch-overhead-ms",
-        type=float,
-        default=sim_defaults.fetch_overhead_s * 1e3,
-        help="fixed cost per global-tier fetch, ms (LMCache lookups take 1-2 ms)",
-    )
-    p.add_argument(
-        "--prefetch-policy",
-        choices=PREFETCH_POLICIES,
-        default=sim_defaults.prefetch_policy,
-        help="--tier-mode hicache: when an L3 prefetch stops (SGLang "
-        "--hicache-storage-prefetch-policy: take what arrived / wait for all / wait up to "
-        "1 s + 0.25 s per 1K tokens)",
-    )
-    p.add_argument(
-        "--profile",
-        default="h20-qwen3-coder-30b-a3b",
-        choices=profiles,
-        help="timing profile of an instance (engine/profiles)",
-    )
-    p.add_argument("--gpu-kv-tokens", type=int, default=None, help="default: the profile's")
-    p.add_argument(
-        "--host-kv-tokens",
-        type=int,
-        default=None,
-        help="--tier-mode hicache: the L2 host tier per instance (default: the profile's); "
-        "paper mode has none",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seeds tie-breaks and random policies")
-    p.add_argument(
-        "--overload",
-        type=float,
-        default=d.overload,
-        help="smetric: a sticky target above OVERLOAD x the mean load is overloaded (inf = off)",
-    )
-    p.add_argument(
-        "--overload-slack",
-        type=float,
-        default=d.overload_slack,
-        help="smetric: ... and also more than this many requests above the mean",
-    )
-    p.add_argument(
-        "--hit-ratio",
-        type=float,
-        default=d.hit_ratio,
-        help="smetric: a follow-up whose best hit is below HIT_RATIO x its history is balanced",
-    )
-    p.add_argument(
-        "--bailian-lambda",
-        type=float,
-        default=d.bailian_lambda,
-        help="bailian: weight of the cache-miss term against the normalised load term",
-    )
+    add_flags(p, SimConfig)
     # PD mode (sim/pd.py)
     p.add_argument(
         "--pd", action="store_true", help="PD disaggregation: simulate the prefill instances only"
@@ -211,23 +111,6 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=PREFILL_OVERLOAD_SLACK,
         help="--pd: SMetric's overload slack in unprefilled tokens (replaces --overload-slack)",
-    )
-    p.add_argument(
-        "--slo-ttft-base-s", type=float, default=slo.ttft_base_s, help="TTFT SLO: this ..."
-    )
-    p.add_argument(
-        "--slo-ttft-per-token-ms",
-        type=float,
-        default=slo.ttft_per_token_ms,
-        help="... plus this per input token",
-    )
-    p.add_argument("--slo-tpot-ms", type=float, default=slo.tpot_ms, help="TPOT SLO")
-    p.add_argument("--window-s", type=float, default=30.0, help="window of imbalance_mean, seconds")
-    p.add_argument(
-        "--session-hints",
-        action="store_true",
-        help="requests carry their trace session id as a coding agent's session header would "
-        "(the router's policies read it as a hint: session-hint-fallback)",
     )
     p.add_argument("--json", type=Path, default=None, help="write the results document here")
     p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this folder")
@@ -288,33 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     try:
-        params = PolicyParams(
-            overload=args.overload,
-            overload_slack=args.overload_slack,
-            hit_ratio=args.hit_ratio,
-            bailian_lambda=args.bailian_lambda,
-        )
+        cfg = SimConfig(**values(SimConfig, args))
         for name in policies:
-            if make_policy(name, params).uses_text_tree and args.pd:
+            if make_policy(name, cfg.params).uses_text_tree and args.pd:
                 raise ValueError(f"policy {name!r} (text tree) is not modelled under --pd")
-        cfg = SimConfig(
-            instances=args.instances,
-            profile=args.profile,
-            gpu_kv_tokens=args.gpu_kv_tokens,
-            host_kv_tokens=args.host_kv_tokens,
-            params=params,
-            slo=Slo(args.slo_ttft_base_s, args.slo_ttft_per_token_ms, args.slo_tpot_ms),
-            window_s=args.window_s,
-            session_hints=args.session_hints,
-            seed=args.seed,
-            tier_mode=args.tier_mode,
-            gpus_per_server=args.gpus_per_server,
-            nics_per_server=args.nics_per_server,
-            nic_bytes_per_s=args.nic_gbytes_per_s * 1e9,
-            network_fraction=args.network_fraction,
-            fetch_overhead_s=args.fetch_overhead_ms * 1e-3,
-            prefetch_policy=args.prefetch_policy,
-        )
         if args.pd:
             cfg = pd_params(cfg, args.prefill_overload_slack)
         for r in args.rate_scale:

@@ -1,14 +1,21 @@
-"""Simulator settings: the cluster, the global tier, the SLO and the measurement window."""
+"""Simulator settings: the cluster, the global tier, the SLO and the measurement window, each
+with the flag of `python -m smetric_router.sim` that sets it (core/flags.py)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+from smetric_router.core.flags import Flag, nested, option
+from smetric_router.engine.timing import PROFILES_DIR
 from smetric_router.policies.base import PolicyParams
 
 TIER_MODES = ("paper", "hicache")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+
+
+def _profiles() -> list[str]:
+    return sorted(f.stem for f in PROFILES_DIR.glob("*.json"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,9 +28,17 @@ class Slo:
     a global-tier fetch. A 30K-token prompt thus gets 5.6 s.
     """
 
-    ttft_base_s: float = 2.0
-    ttft_per_token_ms: float = 0.12
-    tpot_ms: float = 30.0
+    ttft_base_s: float = option(
+        2.0,
+        Flag(
+            "--slo-ttft-base-s",
+            "TTFT SLO: this many seconds plus --slo-ttft-per-token-ms per input token",
+        ),
+    )
+    ttft_per_token_ms: float = option(
+        0.12, Flag("--slo-ttft-per-token-ms", "TTFT SLO: milliseconds per input token")
+    )
+    tpot_ms: float = option(30.0, Flag("--slo-tpot-ms", "TPOT SLO, milliseconds"))
 
     def ttft_limit(self, input_len: int) -> float:
         return self.ttft_base_s + self.ttft_per_token_ms * 1e-3 * input_len
@@ -62,26 +77,102 @@ class SimConfig:
         (RequestFeatures.session_hint); off by default, as the paper's router has none.
     """
 
-    instances: int = 32
-    profile: str = "h20-qwen3-coder-30b-a3b"
-    gpu_kv_tokens: int | None = None
-    host_kv_tokens: int | None = None
-    global_ratio: float = math.inf
-    tier_mode: str = "paper"
-    gpus_per_server: int = 8
-    nics_per_server: int = 1
-    nic_bytes_per_s: float = 21.75e9
-    network_fraction: float | None = None
-    fetch_overhead_s: float = 1.5e-3
-    prefetch_policy: str = "timeout"
+    instances: int = option(32, Flag("--instances", "serving instances (GPUs)"))
+    profile: str = option(
+        "h20-qwen3-coder-30b-a3b",
+        Flag("--profile", "timing profile of an instance (engine/profiles)", choices=_profiles),
+    )
+    gpu_kv_tokens: int | None = option(
+        None,
+        Flag(
+            "--gpu-kv-tokens",
+            "GPU-tier KV capacity per instance, tokens",
+            default_text="the profile's",
+        ),
+    )
+    host_kv_tokens: int | None = option(
+        None,
+        Flag(
+            "--host-kv-tokens",
+            "--tier-mode hicache: the L2 host tier per instance, tokens; paper mode has none",
+            default_text="the profile's",
+        ),
+    )
+    global_ratio: float = math.inf  # the CLI's --global-ratio sweeps it
+    tier_mode: str = option(
+        "paper",
+        Flag(
+            "--tier-mode",
+            "paper: GPU tier + global tier over RDMA (no private host tier; a global fetch "
+            "stalls the batch, as vLLM + LMCache); hicache: SGLang HiCache, L1 GPU + L2 host "
+            "(local) + L3 Mooncake prefetched while the request is queued",
+            choices=TIER_MODES,
+        ),
+    )
+    gpus_per_server: int = option(
+        8, Flag("--gpus-per-server", "instances per server (they share its NICs)")
+    )
+    nics_per_server: int = option(
+        1,
+        Flag(
+            "--nics-per-server",
+            "NICs per server (of --gpus-per-server instances); the server's global-tier reads "
+            "and writes share them",
+        ),
+    )
+    nic_bytes_per_s: float = option(
+        21.75e9,
+        Flag(
+            "--nic-gbytes-per-s",
+            "achieved GB/s per NIC (21.75: Mooncake's 87 GB/s over 4 x 200 Gbps RoCE)",
+            scale=1e9,
+        ),
+    )
+    network_fraction: float | None = option(
+        None,
+        Flag(
+            "--network-fraction",
+            "share of a global-tier page's bytes that crosses the network",
+            default_text="1 - 1/servers, pages spread evenly over the servers' memory",
+        ),
+    )
+    fetch_overhead_s: float = option(
+        1.5e-3,
+        Flag(
+            "--fetch-overhead-ms",
+            "fixed cost per global-tier fetch, ms (LMCache lookups take 1-2 ms)",
+            scale=1e-3,
+        ),
+    )
+    prefetch_policy: str = option(
+        "timeout",
+        Flag(
+            "--prefetch-policy",
+            "--tier-mode hicache: when an L3 prefetch stops (SGLang "
+            "--hicache-storage-prefetch-policy: take what arrived / wait for all / wait up to "
+            "1 s + 0.25 s per 1K tokens)",
+            choices=PREFETCH_POLICIES,
+        ),
+    )
     page_size: int = 16
     chunked_prefill_size: int = 8192
     max_running_requests: int = 256
-    params: PolicyParams = field(default_factory=PolicyParams)
-    slo: Slo = field(default_factory=Slo)
-    window_s: float = 30.0
-    seed: int = 0
-    session_hints: bool = False
+    # the router's flags of the policies the simulator models
+    params: PolicyParams = field(
+        default_factory=PolicyParams,
+        metadata=nested(only=("overload", "overload_slack", "hit_ratio", "bailian_lambda")),
+    )
+    slo: Slo = field(default_factory=Slo, metadata=nested())
+    window_s: float = option(30.0, Flag("--window-s", "window of imbalance_mean, seconds"))
+    seed: int = option(0, Flag("--seed", "seeds tie-breaks and random policies"))
+    session_hints: bool = option(
+        False,
+        Flag(
+            "--session-hints",
+            "requests carry their trace session id as a coding agent's session header would "
+            "(the router's policies read it as a hint: session-hint-fallback)",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.instances < 1:

@@ -1,4 +1,4 @@
-"""A busy router must keep up with its workers' KV events (issue 12, item 11).
+"""A busy router must keep up with its workers' KV events.
 
 When the feed read one batch per wake-up of its poll loop, an event loop busy with HTTP handlers
 consumed fewer batches per second than the workers published: the backlog piled up in libzmq's

@@ -1,4 +1,4 @@
-"""The warm-up replay after a (re)connect hands over to the live stream (issue 12, item 11 soak).
+"""The warm-up replay after a (re)connect hands over to the live stream.
 
 The feed warmed an empty view by replaying from seq 0 until a round brought nothing new. A
 worker restarted under load publishes faster than a busy router reads a replay (one batch per

@@ -1,5 +1,5 @@
-"""The KV-event feed under the failures of issue 12: large truncated replays, a stalled stream,
-a worker back on new ports, a port that accepts and closes, a foreign KV-event host."""
+"""The KV-event feed under failure: large truncated replays, a stalled stream, a worker back on
+new ports, a port that accepts and closes, a foreign KV-event host."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Anthropic Messages through the router (issue 13, item 1), with the `anthropic` client against
-launched emulated workers: a multi-turn tool-use session sticks to its worker and its cached
-tokens cover the history, streamed and not; count_tokens; the router's own errors on these paths
-in Anthropic's shape, x-api-key accepted, and a stream cut closed with an Anthropic error event.
+"""Anthropic Messages through the router, with the `anthropic` client against launched emulated
+workers: a multi-turn tool-use session sticks to its worker and its cached tokens cover the history,
+streamed and not; count_tokens; the router's own errors on these paths in Anthropic's shape,
+x-api-key accepted, and a stream cut closed with an Anthropic error event.
 """
 
 from __future__ import annotations

@@ -311,7 +311,7 @@ def valid_or_wrong(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 # Budgets the workers may run stay small (speed); huge ones must be refused by the router before
-# any worker sees them (400 context_length_exceeded, issue 12 item 6), not passed through.
+# any worker sees them (400 context_length_exceeded), not passed through.
 small_budget = st.integers(min_value=-3, max_value=6)
 huge_budget = st.sampled_from([10**9, 1e9, 2**63, 10**30])
 budget = (

@@ -1,7 +1,7 @@
-"""Issue 12 end to end, emulated workers and the router as processes: a router short of file
-descriptors (hard limit 256) under a flood of 600 concurrent clients answers what it cannot forward
-with 503 and marks no worker down (item 5); a request whose worker died after accepting it is
-not sent to another (item 6); a hung worker is answered 504 within the first-byte bound (9)."""
+"""The router's upstream hardening end to end, emulated workers and the router as processes: a
+router short of file descriptors (hard limit 256) under a flood of 600 concurrent clients answers
+what it cannot forward with 503 and marks no worker down; a request whose worker died after
+accepting it is not sent to another; a hung worker is answered 504 within the first-byte bound."""
 
 from __future__ import annotations
 

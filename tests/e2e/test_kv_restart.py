@@ -1,6 +1,6 @@
-"""A router restarted after a long history gets its affinity back (issue 12, item 1).
+"""A router restarted after a long history gets its affinity back.
 
-Scaled down from the issue's 200 sessions / ~50K requests: 24 sessions, 5 turns, and filler
+Scaled down from a production-sized 200 sessions / ~50K requests: 24 sessions, 5 turns, and filler
 traffic sent straight to the workers, against workers whose replay buffer holds 64 batches
 (SGLang's default is 10,000). What matters is the same: when the new router starts, the shared
 system prompt and the sessions' early turns were announced long before anything the buffer still

@@ -1,4 +1,4 @@
-"""A stalled KV-event feed is noticed and its hits are not routed on (issue 12, item 2).
+"""A stalled KV-event feed is noticed and its hits are not routed on.
 
 Worker A's KV events reach the router through frozen-able TCP proxies (a hung middlebox: the
 connections stay open, nothing more is forwarded). The router is told A's URL as an HTTP front

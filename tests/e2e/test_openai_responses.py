@@ -1,8 +1,8 @@
-"""OpenAI Responses through the router (issue 13, item 2), with the `openai` client against
-launched emulated workers: chains linked by previous_response_id land on the worker holding
-their history (streamed and not), GET and cancel by id reach it too, forged / foreign /
-malformed ids get a clean 400 and a removed holder a 404 in OpenAI's shape, and a request
-without previous_response_id that carries its conversation (store: false) is routed like chat.
+"""OpenAI Responses through the router, with the `openai` client against launched emulated workers:
+chains linked by previous_response_id land on the worker holding their history (streamed and not),
+GET and cancel by id reach it too, forged / foreign / malformed ids get a clean 400 and a removed
+holder a 404 in OpenAI's shape, and a request without previous_response_id that carries its
+conversation (store: false) is routed like chat.
 """
 
 from __future__ import annotations

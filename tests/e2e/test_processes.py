@@ -13,7 +13,7 @@ import pytest
 
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from smetric_router.loadgen.sessions import run_sessions
-from smetric_router.router.cli import replica_argv
+from smetric_router.router.serve import replica_argv
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP
 from tests.helpers.polling import eventually_sync
 from tests.launch.test_launcher_process import _alive

@@ -1,5 +1,5 @@
-"""Agent session headers over HTTP (issue 13 items 3 and 5): what a session hint changes in the
-router's decisions, that without one nothing changes, and per-endpoint metrics and headers."""
+"""Agent session headers over HTTP: what a session hint changes in the router's decisions, that
+without one nothing changes, and per-endpoint metrics and headers."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ async def _prompt_tokens(worker: Worker, body: dict[str, Any]) -> int:
 
 async def test_whole_string_tokenization(worker: Worker) -> None:
     """Content that starts with whitespace merges with the newline before it, as one string
-    encodes: the issue's `"  x"` case."""
+    encodes: `"  x"` after the role line is not the tokens of `"  x"` alone."""
     messages = [{"role": "user", "content": "  x"}, {"role": "user", "content": "\n    indented"}]
     expected = worker.codec.render_messages(messages)
     assert await _prompt_tokens(worker, {"messages": messages}) == len(expected)

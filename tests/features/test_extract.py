@@ -92,7 +92,8 @@ def test_first_turn(chat: ChatTokenizer) -> None:
 
 
 def test_content_is_tokenized_with_its_surroundings(chat: ChatTokenizer) -> None:
-    """Issue 9: '\\n' + '  x' merges across the role line when the prompt is tokenized whole."""
+    """'\\n' + '  x' merges across the role line when the prompt is tokenized whole, as SGLang
+    does it, so tokenizing the pieces apart would give other ids."""
     messages = [{"role": "user", "content": "  x"}]
     ids = FeatureExtractor(chat).prompt_token_ids({"messages": messages})
     whole = "<|im_start|>user\n  x<|im_end|>\n<|im_start|>assistant\n"

@@ -1,4 +1,4 @@
-"""The router's prompt for an Anthropic Messages request is SGLang 0.5.23's own (issue 13).
+"""The router's prompt for an Anthropic Messages request is SGLang 0.5.23's own.
 
 Runs tests/features/sglang_scripts/golden_messages.py in the CPU SGLang environment: hypothesis
 generates Messages bodies (system strings and blocks, inline system messages, tool_use /

@@ -1,4 +1,4 @@
-"""The router's prompt for an OpenAI Responses request is SGLang 0.5.23's own (issue 13).
+"""The router's prompt for an OpenAI Responses request is SGLang 0.5.23's own.
 
 Runs tests/features/sglang_scripts/golden_responses.py in the CPU SGLang environment: hypothesis
 generates Responses bodies (input as a string or items: messages of every role, developer

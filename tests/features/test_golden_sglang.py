@@ -1,4 +1,4 @@
-"""The router's prompt token ids equal SGLang 0.5.23's own (golden equality, issue 9).
+"""The router's prompt token ids equal SGLang 0.5.23's own (golden equality).
 
 Each case runs tests/features/sglang_scripts/golden_chat.py in the CPU SGLang environment, where
 hypothesis generates chat requests (roles, tools, tool calls and results, reasoning, content with

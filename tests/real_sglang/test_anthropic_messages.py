@@ -1,4 +1,4 @@
-"""Anthropic Messages through the router over 2 real SGLang 0.5.23 workers (issue 13, item 1).
+"""Anthropic Messages through the router over 2 real SGLang 0.5.23 workers.
 
 With the `anthropic` client: a multi-turn tool-use session (assistant tool_use, user
 tool_result) sticks to its worker and SGLang's own usage.cache_read_input_tokens covers the

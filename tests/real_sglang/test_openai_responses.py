@@ -1,4 +1,4 @@
-"""OpenAI Responses through the router over 2 real SGLang 0.5.23 workers (issue 13, item 2).
+"""OpenAI Responses through the router over 2 real SGLang 0.5.23 workers.
 
 The launch kind starts them with --enable-response-store (and the SGLang env has openai-harmony,
 without which SGLang serves no /v1/responses). With the `openai` client: a chain of 3 responses

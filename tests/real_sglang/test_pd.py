@@ -235,7 +235,7 @@ async def test_prefill_killed_before_the_handover_gives_a_clean_error(pd_stack: 
         # Nothing had reached the client: an OpenAI-style error, not a broken stream.
         assert status == 502 and ctype == "application/json", raw
         error = json.loads(raw)["error"]
-        # It had accepted the request: not retried on another prefill (issue 12, item 6).
+        # It had accepted the request, so it may have run: not retried on another prefill.
         assert error["code"] == "worker_reset" and prefill in error["message"]
 
         async with http.get(pd_stack.url + "/health") as r:

@@ -6,12 +6,21 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from smetric_router.core.port_file import read_port_file
+from smetric_router.policies import PolicyParams
+from smetric_router.router.api_responses import RESPONSE_ID_KEY_ENV
 from smetric_router.router.cli import build_parser, config_from_args
+from smetric_router.router.config import (
+    ADMIN_API_KEY_ENV,
+    API_KEY_ENV,
+    WORKER_API_KEY_ENV,
+    RouterConfig,
+)
 from tests.helpers.polling import eventually
 from tests.router.conftest import MakeWorker
 
@@ -59,6 +68,84 @@ def test_bad_flags_exit_with_usage_error(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as e:
         config_from_args(argv)
     assert e.value.code == 2
+
+
+# Every flag, given, reaches its field as it did when each flag was written out by hand: the
+# parser is generated from RouterConfig's fields now, and this pins what it parses to.
+_EVERY_FLAG: list[tuple[list[str], dict[str, Any]]] = [
+    ([], {}),
+    (["--host", "0.0.0.0", "--port", "0", "--policy", "bailian"],
+     {"host": "0.0.0.0", "port": 0, "policy": "bailian"}),
+    (["--processes", "3"], {"processes": 3, "reuse_port": True}),
+    (["--reuse-port"], {"reuse_port": True}),
+    (["--worker-urls", "http://a:1", "http://b:2"], {"worker_urls": ("http://a:1", "http://b:2")}),
+    (["--port=5", "--worker-urls"], {"port": 5}),
+    (["--prometheus-port", "9", "--prometheus-host", "0.0.0.0", "--log-level", "debug",
+      "--request-timeout-secs", "5"],
+     {"prometheus_port": 9, "prometheus_host": "0.0.0.0", "log_level": "debug",
+      "request_timeout_secs": 5.0}),
+    (["--overload", "3", "--overload-slack", "0", "--hit-ratio", "0.2", "--bailian-lambda", "0.3",
+      "--cache-threshold", "0.1", "--balance-abs-threshold", "7", "--balance-rel-threshold", "1.1"],
+     {"policy_params": PolicyParams(
+         overload=3.0, overload_slack=0.0, hit_ratio=0.2, bailian_lambda=0.3, cache_threshold=0.1,
+         balance_abs_threshold=7.0, balance_rel_threshold=1.1)}),
+    (["--tokenizer-path", "/x", "--chat-template", "/y.jinja", "--page-size", "32",
+      "--load-poll-interval-secs", "1", "--health-check-interval-secs", "2",
+      "--health-check-timeout-secs", "3", "--max-body-bytes", "4096", "--max-retries", "0"],
+     {"tokenizer_path": "/x", "chat_template": "/y.jinja", "page_size": 32,
+      "load_poll_interval_secs": 1.0, "health_check_interval_secs": 2.0,
+      "health_check_timeout_secs": 3.0, "max_body_bytes": 4096, "max_retries": 0}),
+    (["--no-kv-events", "--trust-kv-endpoints", "--no-inflight-prefixes", "--cache-view", "probe",
+      "--probe-timeout-secs", "0.5", "--shutdown-grace-secs", "0"],
+     {"kv_events": False, "trust_kv_endpoints": True, "inflight_prefixes": False,
+      "cache_view": "probe", "probe_timeout_secs": 0.5, "shutdown_grace_secs": 0.0}),
+    (["--l3-view", "master", "--mooncake-master-url", "http://m:1", "--l3-key-prefix", "k",
+      "--l3-tp-rank", "2", "--l3-budget-secs", "0.1", "--l3-cache-ttl-secs", "0",
+      "--l3-aware-guard"],
+     {"l3_view": "master", "mooncake_master_url": "http://m:1", "l3_key_prefix": "k",
+      "l3_tp_rank": 2, "l3_budget_secs": 0.1, "l3_cache_ttl_secs": 0.0,
+      "policy_params": PolicyParams(l3_aware=True)}),
+    (["--max-upstream-connections", "5", "--retry-on-reset", "--first-byte-timeout-secs", "9",
+      "--stream-idle-timeout-secs", "8"],
+     {"max_upstream_connections": 5, "retry_on_reset": True, "first_byte_timeout_secs": 9.0,
+      "stream_idle_timeout_secs": 8.0}),
+    (["--api-key", "a", "--admin-api-key", "b", "--worker-api-key", "c",
+      "--response-id-key", "x" * 16],
+     {"api_key": "a", "admin_api_key": "b", "worker_api_key": "c", "response_id_key": "x" * 16}),
+    (["--forward-authorization", "--context-length", "100", "--no-session-hints",
+      "--anthropic-thinking", "reject"],
+     {"forward_authorization": True, "context_length": 100, "session_hints": False,
+      "anthropic_thinking": "reject"}),
+    (["--pd-disaggregation", "--prefill", "http://p:1", "--prefill", "http://p:2", "9",
+      "--prefill", "http://p:3", "NONE", "--decode", "http://d:1", "--decode", "http://d:2",
+      "--prefill-policy", "random", "--decode-policy", "round_robin",
+      "--prefill-overload-slack", "5", "--pd-handover-timeout-secs", "6"],
+     {"pd_disaggregation": True,
+      "prefill": (("http://p:1", None), ("http://p:2", 9), ("http://p:3", None)),
+      "decode_urls": ("http://d:1", "http://d:2"), "prefill_policy": "random",
+      "decode_policy": "round_robin", "prefill_overload_slack": 5.0,
+      "pd_handover_timeout_secs": 6.0}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "fields"), _EVERY_FLAG)
+def test_every_flag_parses_to_its_field(
+    argv: list[str], fields: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for env in (API_KEY_ENV, ADMIN_API_KEY_ENV, WORKER_API_KEY_ENV, RESPONSE_ID_KEY_ENV):
+        monkeypatch.delenv(env, raising=False)
+    assert config_from_args(argv) == RouterConfig(**fields)
+
+
+def test_keys_fall_back_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(API_KEY_ENV, "env-key")
+    monkeypatch.setenv(ADMIN_API_KEY_ENV, "")  # empty = unset
+    monkeypatch.setenv(WORKER_API_KEY_ENV, "env-worker")
+    monkeypatch.setenv(RESPONSE_ID_KEY_ENV, "r" * 16)
+    c = config_from_args(["--api-key", "flag-key"])
+    assert (c.api_key, c.admin_api_key, c.worker_api_key, c.response_id_key) == (
+        "flag-key", None, "env-worker", "r" * 16
+    )  # fmt: skip
 
 
 async def _wait_ok(s: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:

@@ -1,6 +1,6 @@
-"""Issue 12, upstream side, through HTTP against an in-process router: a worker that drops a request
-it accepted (item 6), the router's own file-descriptor shortage and its connection bound (item 5),
-hung and stalled workers (item 9), worker error shapes and cut streams in the metrics."""
+"""The router's upstream hardening, through HTTP against an in-process router: a worker that drops
+a request it accepted, the router's own file-descriptor shortage and its connection bound, hung
+and stalled workers, worker error shapes and cut streams in the metrics."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ class NoDescriptors:
         self.on = False
 
 
-# item 6: a worker that died after accepting the request -------------------------------------
+# a worker that died after accepting the request ---------------------------------------------
 
 
 @pytest.mark.parametrize("retry_on_reset", [False, True])
@@ -115,7 +115,7 @@ async def test_request_dropped_after_it_was_sent_is_retried_only_when_asked(
     assert all(w["inflight"] == 0 for w in (await _workers(router)).values())
 
 
-# item 5: the router's own file-descriptor shortage -------------------------------------------
+# the router's own file-descriptor shortage ---------------------------------------------------
 
 
 async def test_fd_exhaustion_is_503_and_no_worker_is_marked_down(
@@ -184,7 +184,7 @@ async def test_waiting_for_a_connection_past_the_first_byte_bound_is_503(
     assert (await _workers(router))[w.url]["healthy"] is True  # its worker did nothing wrong
 
 
-# item 9: hung and stalled workers ------------------------------------------------------------
+# hung and stalled workers --------------------------------------------------------------------
 
 
 async def test_worker_hung_before_its_head_is_504_and_marked_failed(

@@ -1,6 +1,6 @@
-"""Issue 12 under PD disaggregation (the proxy's own client, the same rules as colocated routing): a
-decode that drops a request it accepted is not retried unless asked, the router's own descriptor
-shortage is a 503 that blames no worker, a silent decode is bounded."""
+"""The router's upstream hardening under PD disaggregation (the proxy's own client, the same rules
+as colocated routing): a decode that drops a request it accepted is not retried unless asked, the
+router's own descriptor shortage is a 503 that blames no worker, a silent decode is bounded."""
 
 from __future__ import annotations
 

@@ -176,7 +176,7 @@ async def test_idle_connection_closed_by_the_worker_is_not_reused(serve: Serve) 
     up.close()
 
 
-# issue 12: bounds on a silent worker, the connection bound, stale keep-alive, local errors ------
+# bounds on a silent worker, the connection bound, stale keep-alive, local errors ----------------
 
 CHUNKED = OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
 

@@ -1,0 +1,1 @@
+"""Checks of the README and the docs/ pages against the repository."""
