@@ -85,6 +85,9 @@ class RouterDef:
     extra: tuple[str, ...] = ()
 
 
+# the policies whose decisions say whether a follow-up stayed with its holder
+STICKY_POLICIES = ("smetric", "smetric-paper")
+
 ROUTERS: dict[str, RouterDef] = {
     "smetric": RouterDef("smetric", "smetric"),
     "smetric/smetric-paper": RouterDef("smetric", "smetric-paper"),
@@ -157,7 +160,8 @@ class Run:
         follow = sum(v for k, v in self.decisions.items() if k != "first-turn-balance")
         d = ROUTERS[self.router]
         # several processes: /metrics answers from whichever one took the scrape
-        if not self.decisions or d.policy != "smetric" or d.extra or not follow:
+        replicas = "--processes" in d.extra
+        if not self.decisions or d.policy not in STICKY_POLICIES or replicas or not follow:
             return None
         sticky = self.decisions.get("sticky", 0) + self.decisions.get("sticky-l3", 0)
         return sticky / follow

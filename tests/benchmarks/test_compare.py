@@ -64,3 +64,19 @@ def test_mooncake_mode_end_to_end(tmp_path: Path) -> None:
         assert r.prompt_tokens > 0  # the workers counted the /generate prompts
     md = (tmp_path / "compare-smoke.md").read_text()
     assert "Mooncake replay" in md and "--mooncake-num-rounds 2" in md
+
+
+@pytest.mark.parametrize(
+    ("router", "shown"),
+    [("smetric", True), ("smetric/smetric-paper", True), ("smetric-x4", False),
+     ("smetric/lmetric", False)],
+)  # fmt: skip
+def test_stickiness_is_shown_for_the_sticky_policies_of_one_process(
+    router: str, shown: bool
+) -> None:
+    from benchmarks.compare import Run
+
+    run = Run(
+        router, 1.0, {}, decisions={"first-turn-balance": 4, "sticky": 3, "evicted-fallback": 1}
+    )
+    assert run.stickiness == (0.75 if shown else None)
