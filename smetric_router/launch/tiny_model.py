@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +81,15 @@ def ensure_tiny_model(out: Path = DEFAULT_DIR) -> Path:
     if stamp.is_file() and stamp.read_text() == digest:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(TOKENIZER_DIR / "tokenizer.json", out / "tokenizer.json")
-    for name, text in files.items():
-        (out / name).write_text(text)
-    stamp.write_text(digest)
+    # Several processes may write it at once (parallel test workers, launchers): each file is
+    # written aside and renamed into place, so a reader never sees one half written.
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
+        shutil.copyfile(TOKENIZER_DIR / "tokenizer.json", Path(tmp) / "tokenizer.json")
+        for name, text in files.items():
+            (Path(tmp) / name).write_text(text)
+        (Path(tmp) / stamp.name).write_text(digest)
+        for name in ("tokenizer.json", *files, stamp.name):  # the stamp last: all are in place
+            os.replace(Path(tmp) / name, out / name)
     return out
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from smetric_router.launch import (
 )
 from smetric_router.launch.kinds.sglang import TINY_MODEL_NAME
 from smetric_router.launch.ports import free_ports
+from tests.helpers.groups import SHARED_STACK_FIXTURES
 from tests.sglang_env import require_sglang_python, run_sglang_script
 
 pytestmark = pytest.mark.sglang
@@ -52,12 +53,80 @@ def sglang_spec(
     )
 
 
-@pytest.fixture(scope="package")
-def sglang_stack() -> Iterator[Stack]:
-    """2 real SGLang workers + the SMetric router, shared by the package's tests (start: ~1 min)."""
-    require_sglang_python()
-    with Stack(sglang_spec()) as stack:
-        yield stack
+class SharedStack:
+    """One real-SGLang stack shared by the tests that ask for it, whatever their module: started by
+    the first (~30 s), stopped before a module that does not use it and after the package. So a
+    run never holds two real stacks at once (a 2-worker stack takes ~6.5 GB), and a start that
+    failed fails its users at once. Their users run one after another (tests/helpers/groups.py)."""
+
+    def __init__(self, spec: Callable[[], ClusterSpec]) -> None:
+        self._spec = spec
+        self._stack: Stack | None = None
+        self._error: str | None = None
+
+    def get(self) -> Stack:
+        require_sglang_python()
+        if self._error is not None:
+            pytest.fail(f"the shared stack did not start: {self._error}")
+        if self._stack is None:
+            try:
+                self._stack = Stack(self._spec()).__enter__()
+            except Exception as exc:
+                self._error = repr(exc)
+                raise
+        return self._stack
+
+    def stop(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.stop()
+
+
+def _mooncake_spec() -> ClusterSpec:
+    """A local mooncake_master (free loopback ports) started first by the launcher, then 2 workers
+    with `--hicache-storage-backend mooncake`, then the router."""
+    rpc, http, metrics = free_ports(3)
+    return replace(
+        sglang_spec(hicache_storage_backend="mooncake"),
+        mooncake=MooncakeSpec(rpc_port=rpc, http_metadata_port=http, metrics_port=metrics,
+                              global_segment_size=str(256 << 20)),
+    )  # fmt: skip
+
+
+# fixture name -> its stack
+SHARED_STACKS = {
+    "sglang_stack": SharedStack(sglang_spec),
+    "mooncake_stack": SharedStack(_mooncake_spec),
+}
+assert set(SHARED_STACKS) == set(SHARED_STACK_FIXTURES)
+
+
+@pytest.fixture
+def sglang_stack() -> Stack:
+    """2 real SGLang workers + the SMetric router."""
+    return SHARED_STACKS["sglang_stack"].get()
+
+
+@pytest.fixture
+def mooncake_stack() -> Stack:
+    """2 real SGLang workers on a real Mooncake master as their L3 + the SMetric router."""
+    return SHARED_STACKS["mooncake_stack"].get()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_stacks_only_while_used(request: pytest.FixtureRequest) -> None:
+    mine = [i for i in request.session.items if getattr(i, "module", None) is request.module]
+    used = {name for i in mine for name in getattr(i, "fixturenames", ())}
+    for name, shared in SHARED_STACKS.items():
+        if name not in used:
+            shared.stop()
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _shared_stacks_stopped_after_the_package() -> Iterator[None]:
+    yield
+    for shared in SHARED_STACKS.values():
+        shared.stop()
 
 
 def get_json(url: str, timeout: float = 30) -> Any:
@@ -81,55 +150,10 @@ def flush(stack: Stack) -> None:
     assert all(r["status"] == 200 for r in out["results"].values()), out
 
 
-# --- Mooncake as L3: one stack shared by the modules that use it ----------------------------------
+# --- Mooncake as L3 ------------------------------------------------------------------------------
 
 PAGE = 16
 L3_KEYS_SCRIPT = Path(__file__).parent / "sglang_scripts" / "l3_keys.py"
-_mooncake: dict[str, Any] = {}  # "stack": the running Stack, or "error": why it did not start
-
-
-def _stop_mooncake() -> None:
-    stack = _mooncake.pop("stack", None)
-    if stack is not None:
-        stack.stop()
-
-
-@pytest.fixture
-def mooncake_stack() -> Stack:
-    """A local mooncake_master (free loopback ports) started first by the launcher, then 2 workers
-    with `--hicache-storage-backend mooncake`, then the router. Started by the first test that asks
-    (~1 min) and shared by the next ones, whatever their module; stopped before a module that does
-    not use it (so it never runs beside another real-SGLang stack) or at the end of the session."""
-    require_sglang_python()
-    if "error" in _mooncake:
-        pytest.fail(f"the Mooncake stack did not start: {_mooncake['error']}")
-    if "stack" not in _mooncake:
-        rpc, http, metrics = free_ports(3)
-        spec = replace(
-            sglang_spec(hicache_storage_backend="mooncake"),
-            mooncake=MooncakeSpec(rpc_port=rpc, http_metadata_port=http, metrics_port=metrics,
-                                  global_segment_size=str(256 << 20)),
-        )  # fmt: skip
-        try:
-            _mooncake["stack"] = Stack(spec).__enter__()
-        except Exception as exc:
-            _mooncake["error"] = repr(exc)
-            raise
-    stack: Stack = _mooncake["stack"]
-    return stack
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _mooncake_stack_only_while_used(request: pytest.FixtureRequest) -> None:
-    mine = [i for i in request.session.items if getattr(i, "module", None) is request.module]
-    if not any("mooncake_stack" in getattr(i, "fixturenames", ()) for i in mine):
-        _stop_mooncake()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _mooncake_stack_stopped_at_the_end() -> Iterator[None]:
-    yield
-    _stop_mooncake()
 
 
 def l3_pages(stack: Stack, ids: list[int]) -> list[int]:

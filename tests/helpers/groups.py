@@ -1,0 +1,28 @@
+"""The order the suite runs in: the users of a stack shared across modules
+(tests/real_sglang/conftest.py) run one after another, so that stack starts once.
+
+pytest runs modules in file order, which interleaves those users with modules that start stacks
+of their own; a shared stack is stopped before such a module (one real stack at a time, ~6.5 GB
+each), so interleaved users would start it again each time (~30 s of CPU per start).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+SHARED_STACK_FIXTURES = ("sglang_stack", "mooncake_stack")
+
+
+def group_of(item: pytest.Item) -> str:
+    """The shared stack a test uses, else its module."""
+    used = getattr(item, "fixturenames", ())
+    shared = [name for name in SHARED_STACK_FIXTURES if name in used]
+    return shared[0] if shared else item.nodeid.split("::", 1)[0]
+
+
+def keep_groups_together(items: list[pytest.Item]) -> None:
+    """Reorder in place: each group where its first test was, in the order pytest collected."""
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(group_of(item), i)
+    items.sort(key=lambda item: first[group_of(item)])  # stable: a group keeps its own order
