@@ -7,7 +7,8 @@ and image parts, a final assistant turn, continue_final_message) and raw text pr
 the router's FeatureExtractor against SGLang's OpenAIServingChat and transformers'
 apply_chat_template(tokenize=True): token ids, page hashes, turn and est_hit.
 
-SMETRIC_GOLDEN_EXAMPLES sets the conversations per tokenizer and template (default 1000).
+SMETRIC_GOLDEN_EXAMPLES sets the conversations per tokenizer and template (default 500, as the
+Messages and Responses golden tests; a deeper search is a larger value).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests.sglang_env import run_sglang_script
 pytestmark = pytest.mark.sglang
 
 SCRIPT = Path(__file__).parent / "sglang_scripts" / "golden_chat.py"
-EXAMPLES = int(os.environ.get("SMETRIC_GOLDEN_EXAMPLES", "1000"))
+EXAMPLES = int(os.environ.get("SMETRIC_GOLDEN_EXAMPLES", "500"))
 
 
 @pytest.mark.parametrize("config", ["bundled", "tiny-coder", "qwen3-thinking"])
