@@ -81,7 +81,7 @@ def ensure_tiny_model(out: Path = DEFAULT_DIR) -> Path:
     if stamp.is_file() and stamp.read_text() == digest:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    # Several processes may write it at once (parallel test workers, launchers): each file is
+    # Several launchers may write it at once (a test starting stacks side by side): each file is
     # written aside and renamed into place, so a reader never sees one half written.
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
         shutil.copyfile(TOKENIZER_DIR / "tokenizer.json", Path(tmp) / "tokenizer.json")
