@@ -86,9 +86,17 @@ def run_sglang_script(
 ) -> Any:
     """Run a script that ends by printing ``RESULT <json>``; its JSON, or an AssertionError that
     shows the script's output."""
+    return run_sglang_script_results(script, *args, env=env, timeout=timeout)[-1]
+
+
+def run_sglang_script_results(
+    script: Path, *args: str, env: Mapping[str, str | None] | None = None, timeout: float = 600
+) -> list[Any]:
+    """Run a script that prints one or more ``RESULT <json>`` lines; their JSON in order, or an
+    AssertionError that shows the script's output."""
     proc = run_sglang([str(script), *args], env=env, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         tail = (proc.stdout + proc.stderr)[-4000:]
         raise AssertionError(f"{script.name} exited {proc.returncode} without a result:\n{tail}")
-    return json.loads(lines[-1][len(RESULT_PREFIX) :])
+    return [json.loads(ln[len(RESULT_PREFIX) :]) for ln in lines]

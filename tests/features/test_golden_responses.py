@@ -9,30 +9,38 @@ and tokenizes to the ids SGLang's own OpenAIServingResponses._make_request gives
 page hashes, turn = the assistant messages of the conversion), and that the router refuses what
 SGLang refuses. Templates with and without inline system messages are covered.
 
-SMETRIC_GOLDEN_EXAMPLES sets the bodies per configuration (default 500 here).
+One run of the script checks every configuration (tests/helpers/golden.py: SMETRIC_GOLDEN_EXAMPLES
+sets the bodies per configuration).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.sglang_env import run_sglang_script
+from tests.helpers.golden import EXAMPLES, golden_runs
 
 pytestmark = pytest.mark.sglang
 
 SCRIPT = Path(__file__).parent / "sglang_scripts" / "golden_responses.py"
-EXAMPLES = int(os.environ.get("SMETRIC_GOLDEN_EXAMPLES", "500"))
+CONFIGS = ("bundled", "tiny-coder", "qwen3-thinking")
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, Any]:
+    return golden_runs(SCRIPT, CONFIGS)
 
 
 @pytest.mark.parametrize(
     ("config", "inline_system"),
     [("bundled", True), ("tiny-coder", True), ("qwen3-thinking", False)],
 )
-def test_router_responses_ids_equal_sglang(config: str, inline_system: bool) -> None:
-    out = run_sglang_script(SCRIPT, config, "--examples", str(EXAMPLES), timeout=1800)
+def test_router_responses_ids_equal_sglang(
+    results: dict[str, Any], config: str, inline_system: bool
+) -> None:
+    out = results[config]
     assert out["ok"], out["failure"]
     assert out["inline_system"] is inline_system, out
     assert out["examples"] >= EXAMPLES, out

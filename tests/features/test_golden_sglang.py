@@ -7,28 +7,33 @@ and image parts, a final assistant turn, continue_final_message) and raw text pr
 the router's FeatureExtractor against SGLang's OpenAIServingChat and transformers'
 apply_chat_template(tokenize=True): token ids, page hashes, turn and est_hit.
 
-SMETRIC_GOLDEN_EXAMPLES sets the conversations per tokenizer and template (default 500, as the
-Messages and Responses golden tests; a deeper search is a larger value).
+One run of the script checks every configuration (tests/helpers/golden.py: SMETRIC_GOLDEN_EXAMPLES
+sets the conversations per tokenizer and template).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.sglang_env import run_sglang_script
+from tests.helpers.golden import EXAMPLES, golden_runs
 
 pytestmark = pytest.mark.sglang
 
 SCRIPT = Path(__file__).parent / "sglang_scripts" / "golden_chat.py"
-EXAMPLES = int(os.environ.get("SMETRIC_GOLDEN_EXAMPLES", "500"))
+CONFIGS = ("bundled", "tiny-coder", "qwen3-thinking")
 
 
-@pytest.mark.parametrize("config", ["bundled", "tiny-coder", "qwen3-thinking"])
-def test_router_ids_equal_sglang(config: str) -> None:
-    out = run_sglang_script(SCRIPT, config, "--examples", str(EXAMPLES), timeout=1800)
+@pytest.fixture(scope="module")
+def results() -> dict[str, Any]:
+    return golden_runs(SCRIPT, CONFIGS)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_router_ids_equal_sglang(results: dict[str, Any], config: str) -> None:
+    out = results[config]
     assert out["ok"], out["failure"]
     assert out["examples"] >= EXAMPLES and out["text_prompts"] >= EXAMPLES, out
     assert out["requests"] - out["refused"] >= EXAMPLES, out

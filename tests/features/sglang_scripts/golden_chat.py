@@ -10,7 +10,7 @@ one for each full conversation) must give the same ids and page hashes, and its 
 the documented history rule checked with the HF tokenizer. Raw text prompts are checked against
 the tokenizer call SGLang's tokenizer manager makes for /generate and /v1/completions.
 
-    python golden_chat.py CONFIG [--examples N] [--seed S]
+    python golden_chat.py CONFIG... [--examples N] [--seed S]
 
 CONFIG: bundled (the bundled tokenizer and its ChatML template), tiny-coder (the tiny model's
 Qwen3-Coder-style template), qwen3-thinking (tests/features/templates/qwen3_thinking.jinja given
@@ -315,28 +315,23 @@ class Golden:
         assert (f.prompt_len, list(f.page_hashes)) == (len(want), page_hashes(want, WARM_PAGE))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("config")
-    p.add_argument("--examples", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=20261130)
-    a = p.parse_args()
-    golden = Golden(a.config)
+def check_chat_config(config: str, examples: int, seed_value: int) -> dict[str, Any]:
+    golden = Golden(config)
     common = settings(
-        max_examples=a.examples, deadline=None, database=None, print_blob=True,
+        max_examples=examples, deadline=None, database=None, print_blob=True,
         suppress_health_check=list(HealthCheck),
     )  # fmt: skip
     start = time.perf_counter()
     failure = None
     try:
 
-        @seed(a.seed)
+        @seed(seed_value)
         @common
         @given(chat_body())
         def chats(body: dict[str, Any]) -> None:
             golden.check_chat(body)
 
-        @seed(a.seed)
+        @seed(seed_value)
         @common
         @given(text)
         def texts(prompt: str) -> None:
@@ -346,8 +341,8 @@ def main() -> None:
         texts()
     except Exception:
         failure = traceback.format_exc()[-6000:]
-    out = {
-        "config": a.config,
+    return {
+        "config": config,
         "ok": failure is None,
         "examples": golden.examples,
         "requests": golden.requests,
@@ -358,26 +353,40 @@ def main() -> None:
         "failure": failure,
         **getattr(golden, "extra", {}),
     }
+
+
+def each_config(default_seed: int, default_examples: int) -> tuple[list[str], int, int]:
+    """The command line every golden script takes: CONFIG... [--examples N] [--seed S]. Several
+    configurations run in one process, which pays SGLang's import once."""
+    p = argparse.ArgumentParser()
+    p.add_argument("configs", nargs="+")
+    p.add_argument("--examples", type=int, default=default_examples)
+    p.add_argument("--seed", type=int, default=default_seed)
+    a = p.parse_args()
+    return a.configs, a.examples, a.seed
+
+
+def report(out: dict[str, Any]) -> None:
     print("RESULT " + json.dumps(out))
     sys.stdout.flush()
 
 
-def run_converted_golden(make: Any, bodies_of: Any) -> None:
-    """main() of the scripts for APIs SGLang converts to chat (golden_messages, golden_responses):
-    `make(config)` builds the checker (check(body), examples, requests, refused, reasons,
-    inline), `bodies_of` is the hypothesis strategy of request bodies."""
-    p = argparse.ArgumentParser()
-    p.add_argument("config")
-    p.add_argument("--examples", type=int, default=500)
-    p.add_argument("--seed", type=int, default=20261201)
-    a = p.parse_args()
-    golden = make(a.config)
+def main() -> None:
+    configs, examples, seed_value = each_config(20261130, 1000)
+    for config in configs:
+        report(check_chat_config(config, examples, seed_value))
+
+
+def check_converted_config(
+    make: Any, bodies_of: Any, config: str, examples: int, seed_value: int
+) -> dict[str, Any]:
+    golden = make(config)
     start = time.perf_counter()
     failure = None
     try:
 
-        @seed(a.seed)
-        @settings(max_examples=a.examples, deadline=None, database=None, print_blob=True,
+        @seed(seed_value)
+        @settings(max_examples=examples, deadline=None, database=None, print_blob=True,
                   suppress_health_check=list(HealthCheck))  # fmt: skip
         @given(bodies_of)
         def bodies(body: dict[str, Any]) -> None:
@@ -386,8 +395,8 @@ def run_converted_golden(make: Any, bodies_of: Any) -> None:
         bodies()
     except Exception:
         failure = traceback.format_exc()[-6000:]
-    out = {
-        "config": a.config,
+    return {
+        "config": config,
         "ok": failure is None,
         "inline_system": golden.inline,
         "examples": golden.examples,
@@ -398,8 +407,15 @@ def run_converted_golden(make: Any, bodies_of: Any) -> None:
         "failure": failure,
         **getattr(golden, "extra", {}),
     }
-    print("RESULT " + json.dumps(out))
-    sys.stdout.flush()
+
+
+def run_converted_golden(make: Any, bodies_of: Any) -> None:
+    """main() of the scripts for APIs SGLang converts to chat (golden_messages, golden_responses):
+    `make(config)` builds the checker (check(body), examples, requests, refused, reasons,
+    inline), `bodies_of` is the hypothesis strategy of request bodies."""
+    configs, examples, seed_value = each_config(20261201, 500)
+    for config in configs:
+        report(check_converted_config(make, bodies_of, config, examples, seed_value))
 
 
 if __name__ == "__main__":
