@@ -206,6 +206,9 @@ class KubernetesProvider:
         self.metrics = metrics
         self.api = api
         self.table = PodTable(settings.rules)
+        # Where the next watch starts; None: list first.
+        self.resource_version: str | None = None
+        self._listed_at = 0.0
 
     @classmethod
     async def connect(cls, settings: KubeSettings, metrics: DiscoveryMetrics) -> KubernetesProvider:
@@ -219,39 +222,42 @@ class KubernetesProvider:
             s.where, s.list_selector, s.rules.port,
         )  # fmt: skip
         backoff = Backoff(s.backoff_initial_secs, s.backoff_max_secs)
-        rv: str | None = None
         relist_reason = "start"
         try:
             while True:
                 try:
-                    if rv is None:
-                        rv = await self._list(apply, selector, relist_reason)
+                    if self.resource_version is None:
+                        await self._list(apply, selector, relist_reason)
                         backoff.reset()
-                    rv = await self._watch(apply, selector, rv, backoff)
+                    await self._watch(apply, selector, backoff)
                     self.metrics.watch_restarts.labels(self.name).inc()
                 except ResourceGone as e:
                     log.info("discovery: watch history gone (410: %s); listing pods again", e)
-                    rv, relist_reason = None, "gone"
+                    self.resource_version, relist_reason = None, "gone"
                     self.metrics.watch_restarts.labels(self.name).inc()
+                    if time.monotonic() - self._listed_at < 1.0:
+                        # gone again right after a list: a server that cannot serve its own
+                        # list's version must not be re-listed in a tight loop
+                        await asyncio.sleep(backoff.next())
                 except (ApiStatusError, aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-                    kind = "api" if isinstance(e, ApiStatusError) else "connection"
-                    if isinstance(e, ValueError):  # an undecodable list or event
-                        kind = "api"
+                    # ValueError: an undecodable list or event, the API's fault as much
+                    kind = "connection" if isinstance(e, aiohttp.ClientError) else "api"
                     self.metrics.error(self.name, kind)
-                    if rv is None:
+                    listing = self.resource_version is None
+                    if listing:
                         relist_reason = "error"
                     else:
                         self.metrics.watch_restarts.labels(self.name).inc()
                     delay = backoff.next()
                     log.warning(
                         "discovery: Kubernetes API %s failed (%s); again in %.1f s",
-                        "list" if rv is None else "watch", e or type(e).__name__, delay,
+                        "list" if listing else "watch", e or type(e).__name__, delay,
                     )  # fmt: skip
                     await asyncio.sleep(delay)
         finally:
             await self.api.close()
 
-    async def _list(self, apply: Apply, selector: str, reason: str) -> str:
+    async def _list(self, apply: Apply, selector: str, reason: str) -> None:
         pods, rv = await self.api.list(selector, timeout=60.0)
         self.metrics.resyncs.labels(self.name, reason).inc()
         self.metrics.saw_event(self.name)
@@ -261,10 +267,14 @@ class KubernetesProvider:
             "discovery: listed %d pods (%d ready workers) at resourceVersion %s",
             len(pods), ready, rv,
         )  # fmt: skip
-        return rv
+        self.resource_version = rv
+        self._listed_at = time.monotonic()
 
-    async def _watch(self, apply: Apply, selector: str, rv: str, backoff: Backoff) -> str:
-        """Follow one watch to its end; the resourceVersion to go on from."""
+    async def _watch(self, apply: Apply, selector: str, backoff: Backoff) -> None:
+        """Follow one watch to its end, keeping the resourceVersion to go on from (also when
+        the watch breaks off)."""
+        rv = self.resource_version
+        assert rv is not None
         jitter = random.uniform(1.0, 1.1)
         started = time.monotonic()
         events = 0
@@ -283,12 +293,12 @@ class KubernetesProvider:
             events += 1
             backoff.reset()
             self.metrics.saw_event(self.name)
-            rv = _resource_version(obj) or rv
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 await apply(self.table.apply(kind, obj))
             elif kind != "BOOKMARK":
                 log.debug("discovery: ignoring watch event of type %r", kind)
+            # only once applied: a watch cut during apply resumes before this event
+            self.resource_version = _resource_version(obj) or self.resource_version
         if not events and time.monotonic() - started < 1.0:
             # a server ending watches at once: pace the reconnects as after an error
             await asyncio.sleep(backoff.next())
-        return rv
