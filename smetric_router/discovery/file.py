@@ -21,7 +21,7 @@ import yaml
 
 from smetric_router.discovery.base import Apply, Discovered, Wanted, diff
 from smetric_router.discovery.metrics import DiscoveryMetrics
-from smetric_router.router.workers import Role, WorkerSpec
+from smetric_router.router.workers import Role, WorkerSpec, normalize_url
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,9 @@ def _entry(item: Any, n: int, pd: bool, name: str) -> Discovered:
     if port is not None and (type(port) is not int):
         raise FileFormatError(f"{where}: 'bootstrap_port' must be an integer")
     try:
-        return Discovered(WorkerSpec(url, Role(role or "worker"), port), where)
+        # the registry keys workers by the normalized URL: removal must find it by that
+        spec = WorkerSpec(normalize_url(url), Role(role or "worker"), port)
+        return Discovered(spec, where)
     except ValueError as e:
         raise FileFormatError(f"{where}: {e}") from None
 

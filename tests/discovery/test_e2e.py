@@ -85,7 +85,6 @@ async def test_pods_drive_the_worker_list_and_sessions_keep_sticking(
                 session = token_ids(seed=7, n=480)
                 home, reason = await generate(http, r, session, FIRST)
                 assert reason == "first-turn-balance" and home in (a, b)
-                other = b if home == a else a
                 other_pod = "b" if home == a else "a"
                 other_ip = HOSTS[1] if home == a else HOSTS[0]
                 await wait_indexed(http, r, home, session)
