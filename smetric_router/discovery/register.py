@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -22,7 +22,7 @@ from smetric_router.discovery.base import Added, Change, Discovered, Provider, R
 from smetric_router.discovery.file import FileProvider, FileSettings
 from smetric_router.discovery.kubernetes import KubernetesProvider, KubeSettings
 from smetric_router.discovery.metrics import DiscoveryMetrics
-from smetric_router.router.workers import WorkerRegistry
+from smetric_router.router.workers import Worker, WorkerRegistry, WorkerSpec
 
 if TYPE_CHECKING:
     from smetric_router.router.config import RouterConfig
@@ -32,10 +32,18 @@ log = logging.getLogger(__name__)
 Settings = KubeSettings | FileSettings
 
 
+class Workers(Protocol):
+    """What discovery uses of the WorkerRegistry: the admin endpoints' two calls."""
+
+    async def add(self, spec: WorkerSpec) -> Worker: ...
+
+    async def remove(self, url: str) -> Worker | None: ...
+
+
 class Registration:
     """Applies a provider's changes to the worker registry, in order."""
 
-    def __init__(self, registry: WorkerRegistry, metrics: DiscoveryMetrics, provider: str) -> None:
+    def __init__(self, registry: Workers, metrics: DiscoveryMetrics, provider: str) -> None:
         self.registry = registry
         self.metrics = metrics
         self.provider = provider
