@@ -250,11 +250,6 @@ def check_selectors_of_workloads(objs: Sequence[Obj]) -> list[str]:
     return problems
 
 
-ALL_CHECKS = (check_selectors, check_discovery_port, check_services, check_probes,
-              check_worker_ports, check_rbac, check_router_drain, check_monitors,
-              check_selectors_of_workloads)  # fmt: skip
-
-
 def check_mooncake_env(objs: Sequence[Obj]) -> list[str]:
     """Workers with the Mooncake L3 reach the master's RPC and metadata ports through its Service,
     and name themselves by their pod IP, which the other workers can reach."""
@@ -278,4 +273,6 @@ def check_mooncake_env(objs: Sequence[Obj]) -> list[str]:
     return problems
 
 
-ALL_CHECKS = (*ALL_CHECKS, check_mooncake_env)
+ALL_CHECKS = (check_selectors, check_discovery_port, check_services, check_probes,
+              check_worker_ports, check_rbac, check_router_drain, check_monitors,
+              check_selectors_of_workloads, check_mooncake_env)  # fmt: skip
