@@ -128,8 +128,8 @@ def _normalized(args: list[str]) -> list[str]:
     out = list(args)
     i = out.index("--model-path") + 1
     out[i] = Path(out[i]).name
-    i = out.index("--kv-events-config") + 1 if "--kv-events-config" in out else None
-    if i is not None:
+    if "--kv-events-config" in out:
+        i = out.index("--kv-events-config") + 1
         out[i] = out[i].replace(SAMPLE_POD_IP, "*")
     return out
 
