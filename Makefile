@@ -16,8 +16,11 @@ ARGS ?=
 setup: $(VENV)/.installed
 
 # libibverbs1: what Mooncake's native client and mooncake_master (the `mooncake` extra) link against.
+# kubectl: its built-in Kustomize renders deploy/ for the manifest checks (tests/deploy); no
+# cluster is needed or contacted.
 $(VENV)/.installed: pyproject.toml
 	dpkg -s libibverbs1 >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libibverbs1; }
+	command -v kubectl >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq kubectl; }
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,bench,mooncake]'
@@ -58,4 +61,5 @@ test: setup sglang agents
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	SMETRIC_REQUIRE_SGLANG=1 SMETRIC_REQUIRE_SHARED=1 SMETRIC_REQUIRE_AGENTS=1 $(PY) -m pytest
+	SMETRIC_REQUIRE_SGLANG=1 SMETRIC_REQUIRE_SHARED=1 SMETRIC_REQUIRE_AGENTS=1 SMETRIC_REQUIRE_DEPLOY=1 \
+		$(PY) -m pytest

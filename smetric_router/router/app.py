@@ -18,6 +18,7 @@ from smetric_router.cluster.inflight import InflightPrefixes
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.l3_view import EventsL3, L3State, MasterL3
 from smetric_router.core.types import NoWorkerAvailable
+from smetric_router.discovery.register import Discovery, start_discovery
 from smetric_router.features import anthropic_thinking
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
@@ -90,6 +91,7 @@ class RouterState:
         self._proxy: Proxy | None = None
         self._upstream: Upstream | None = None
         self.pd: PdProxy | None = None  # set under PD disaggregation
+        self.discovery: Discovery | None = None  # --service-discovery, --discovery-provider
         self.metrics = RouterMetrics(self.sample_workers, self.sample_l3 if l3 else None)
 
     @property
@@ -193,6 +195,7 @@ class RouterState:
             if self.l3 is not None:
                 await self.l3.start(self._session)
             await self._registry.initialize(c.worker_specs())
+            self.discovery = await start_discovery(c, self._registry, self.metrics.registry)
         except BaseException:
             if self.l3 is not None:
                 await self.l3.stop()
@@ -201,6 +204,8 @@ class RouterState:
         self._registry.start()
 
     async def stop(self) -> None:
+        if self.discovery is not None:  # first: it would add workers to a stopping registry
+            await self.discovery.stop()
         if self._registry is not None:
             await self._registry.stop()
         if self.kv_feeds is not None:

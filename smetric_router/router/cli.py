@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from smetric_router.core.flags import DefaultsHelpFormatter, add_flags, values
+from smetric_router.discovery.base import DiscoveryError
 from smetric_router.router.config import FLAG_GROUPS, RouterConfig
 from smetric_router.router.limits import raise_open_files_limit
 from smetric_router.router.serve import serve
@@ -73,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             asyncio.run(serve(config, args.port_file, raw))
         else:
             uvloop.run(serve(config, args.port_file, raw))
-    except (OSError, ValueError) as e:  # bad tokenizer, page-size mismatch, busy port
+    # bad tokenizer, page-size mismatch, busy port, no Kubernetes credentials
+    except (OSError, ValueError, DiscoveryError) as e:
         log.error("smetric-router failed to start: %s", e)
         sys.exit(1)

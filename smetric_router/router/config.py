@@ -6,15 +6,23 @@ Each field declares its own command-line flag (core/flags.py): `smetric-router`'
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from smetric_router.cluster.inflight import GRACE_S
 from smetric_router.core.flags import Flag, nested, option
+from smetric_router.discovery.pods import BOOTSTRAP_ANNOTATION
+from smetric_router.discovery.selectors import LabelSelector, SelectorError, parse_selector
 from smetric_router.policies import PolicyParams, policy_names
 from smetric_router.policies.base import L3_FLAG_GROUP
 from smetric_router.router.api_responses import RESPONSE_ID_KEY_ENV
 from smetric_router.router.auth import AuthPolicy, bearer
 from smetric_router.router.workers import Role, WorkerSpec
+
+if TYPE_CHECKING:
+    from smetric_router.discovery.register import Settings as DiscoverySettings
 
 CACHE_VIEWS = ("events", "probe")
 # Where the global tier's (Mooncake, HiCache L3) hits come from: nowhere, the master's own HTTP
@@ -24,6 +32,9 @@ L3_VIEWS = ("off", "master", "events")
 # drop it (served as without it), or pass it on for the workers' own 400.
 ANTHROPIC_THINKING = ("drop", "reject")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# Where workers can come from besides the command line and POST /workers (discovery/).
+DISCOVERY_PROVIDERS = ("kubernetes", "file")
+_NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 # Keys are read from these when the flag is absent: a command line is visible to every local
 # user (ps), the environment is not.
@@ -41,6 +52,7 @@ AUTH = "authentication"
 RESPONSES = "OpenAI Responses"
 LIMITS = "request limits"
 AGENTS = "coding agents"
+DISCOVERY = "worker discovery"
 FLAG_GROUPS = {
     PD: "prefill and decode on separate SGLang instances (as sglang_router)",
     LIFECYCLE: "how the router stops",
@@ -53,6 +65,10 @@ FLAG_GROUPS = {
     "signed, so previous_response_id, GET and cancel reach it without a table.",
     LIMITS: "what the router refuses (400) before a worker sees it",
     AGENTS: "what the router reads from agents' requests",
+    DISCOVERY: "workers from Kubernetes pods or a file, added and removed as they come and go, "
+    "by the same path as POST/DELETE /workers (flag names as sglang_router's); workers given "
+    "with --worker-urls, --prefill or --decode stay as given: discovery only removes what it "
+    "added (docs/kubernetes.md)",
 }
 
 
@@ -566,6 +582,105 @@ class RouterConfig:
         ),
     )
 
+    # Worker discovery (discovery/): Kubernetes pods or a file, flag names as sglang_router's.
+    service_discovery: bool = option(
+        False,
+        Flag(
+            "--service-discovery",
+            "discover workers from Kubernetes pods (the same as --discovery-provider "
+            "kubernetes): a pod matching --selector becomes a worker at http://POD_IP:PORT once "
+            "it is Running and Ready, and leaves when deleted, not ready or moved to another IP",
+            group=DISCOVERY,
+        ),
+    )
+    discovery_provider: str | None = option(
+        None,
+        Flag(
+            "--discovery-provider",
+            "where discovered workers come from: kubernetes (pods, as --service-discovery) or "
+            "file (--discovery-file)",
+            choices=DISCOVERY_PROVIDERS,
+            group=DISCOVERY,
+            default_text="none",
+        ),
+    )
+    selector: tuple[str, ...] = option(
+        (),
+        Flag(
+            "--selector",
+            "labels a worker pod carries, as key=value items (all must match; a comma also "
+            "separates items); only equality, no set-based or != expressions",
+            metavar="KEY=VALUE",
+            group=DISCOVERY,
+        ),
+    )
+    prefill_selector: tuple[str, ...] = option(
+        (),
+        Flag(
+            "--prefill-selector",
+            "under --pd-disaggregation: labels of prefill pods (key=value, all must match); "
+            "a prefill's bootstrap port is its --bootstrap-port-annotation, else its "
+            "/server_info's disaggregation_bootstrap_port",
+            metavar="KEY=VALUE",
+            group=DISCOVERY,
+        ),
+    )
+    decode_selector: tuple[str, ...] = option(
+        (),
+        Flag(
+            "--decode-selector",
+            "under --pd-disaggregation: labels of decode pods (key=value, all must match)",
+            metavar="KEY=VALUE",
+            group=DISCOVERY,
+        ),
+    )
+    service_discovery_port: int = option(
+        8000,
+        Flag(
+            "--service-discovery-port",
+            "port of SGLang's HTTP server in every worker pod",
+            group=DISCOVERY,
+        ),
+    )
+    service_discovery_namespace: str | None = option(
+        None,
+        Flag(
+            "--service-discovery-namespace",
+            "namespace whose pods are watched (a Role suffices)",
+            metavar="NAMESPACE",
+            group=DISCOVERY,
+            default_text="all namespaces (needs a ClusterRole)",
+        ),
+    )
+    bootstrap_port_annotation: str = option(
+        BOOTSTRAP_ANNOTATION,
+        Flag(
+            "--bootstrap-port-annotation",
+            "pod annotation holding a prefill pod's bootstrap port",
+            metavar="NAME",
+            group=DISCOVERY,
+        ),
+    )
+    discovery_file: str | None = option(
+        None,
+        Flag(
+            "--discovery-file",
+            "with --discovery-provider file: a JSON or YAML list of workers, each a URL or "
+            '{"url", "role" (prefill/decode, under PD), "bootstrap_port"}; read again when its '
+            "content changes; a file that does not parse changes nothing",
+            metavar="PATH",
+            group=DISCOVERY,
+        ),
+    )
+    discovery_file_interval_secs: float = option(
+        1.0,
+        Flag(
+            "--discovery-file-interval-secs",
+            "how often --discovery-file is read",
+            group=DISCOVERY,
+        ),
+    )
+
     def __post_init__(self) -> None:
         if self.page_size is not None and self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
@@ -621,7 +736,7 @@ class RouterConfig:
                     "--worker-urls cannot be mixed with --pd-disaggregation: give the workers "
                     "as --prefill URL [BOOTSTRAP_PORT] and --decode URL"
                 )
-            if not self.prefill or not self.decode_urls:
+            if not (self.prefill and self.decode_urls) and self.discovery_kind is None:
                 raise ValueError(
                     "--pd-disaggregation needs at least one --prefill URL and one --decode URL"
                 )
@@ -642,6 +757,88 @@ class RouterConfig:
         if self.response_id_key is not None and len(self.response_id_key) < 16:
             raise ValueError("response_id_key must be at least 16 characters (it signs ids)")
         self.worker_specs()  # URL and port checks fail here, at start-up
+        self.discovery_settings()  # selector and provider checks too
+
+    @property
+    def discovery_kind(self) -> str | None:
+        if self.service_discovery and self.discovery_provider == "file":
+            raise ValueError(
+                "--service-discovery is --discovery-provider kubernetes: it cannot be combined "
+                "with --discovery-provider file"
+            )
+        return "kubernetes" if self.service_discovery else self.discovery_provider
+
+    def discovery_settings(self) -> DiscoverySettings | None:
+        """What discovery/ runs with; None without discovery. Raises ValueError on flags that
+        do not fit together, with a one-line message naming them."""
+        from smetric_router.discovery.file import FileSettings
+        from smetric_router.discovery.kubernetes import KubeSettings
+        from smetric_router.discovery.pods import PodRules
+
+        kind = self.discovery_kind
+        kube_flags = [
+            name
+            for name, given in (
+                ("--selector", self.selector),
+                ("--prefill-selector", self.prefill_selector),
+                ("--decode-selector", self.decode_selector),
+                ("--service-discovery-namespace", self.service_discovery_namespace),
+            )
+            if given
+        ]
+        if kind != "kubernetes" and kube_flags:
+            raise ValueError(f"{', '.join(kube_flags)} need --service-discovery")
+        if kind != "file" and self.discovery_file is not None:
+            raise ValueError("--discovery-file needs --discovery-provider file")
+        if self.discovery_file_interval_secs <= 0:
+            raise ValueError("discovery_file_interval_secs must be > 0")
+        if kind == "file":
+            if not self.discovery_file:
+                raise ValueError("--discovery-provider file needs --discovery-file PATH")
+            return FileSettings(
+                Path(self.discovery_file), self.pd_disaggregation, self.discovery_file_interval_secs
+            )
+        if kind is None:
+            return None
+        try:
+            selector = parse_selector(self.selector)
+            prefill = parse_selector(self.prefill_selector, "--prefill-selector")
+            decode = parse_selector(self.decode_selector, "--decode-selector")
+        except SelectorError as e:
+            raise ValueError(str(e)) from None
+        if not 0 < self.service_discovery_port < 65536:
+            raise ValueError("--service-discovery-port must be in 1..65535")
+        ns = self.service_discovery_namespace
+        if ns is not None and not _NAMESPACE_RE.fullmatch(ns):
+            raise ValueError(f"--service-discovery-namespace {ns!r} is not a namespace name")
+        if not self.bootstrap_port_annotation.strip():
+            raise ValueError("--bootstrap-port-annotation must not be empty")
+        roles: tuple[LabelSelector | None, LabelSelector | None] = (None, None)
+        if self.pd_disaggregation:
+            if not (prefill or decode):
+                raise ValueError(
+                    "--service-discovery with --pd-disaggregation needs --prefill-selector "
+                    "and/or --decode-selector: a pod's role comes from its labels"
+                )
+            roles = (prefill or None, decode or None)
+        else:
+            if prefill or decode:
+                raise ValueError(
+                    "--prefill-selector and --decode-selector need --pd-disaggregation"
+                )
+            if not selector:
+                raise ValueError(
+                    "--service-discovery needs --selector key=value: every pod in sight would "
+                    "otherwise become a worker"
+                )
+        rules = PodRules(
+            port=self.service_discovery_port,
+            selector=selector,
+            prefill=roles[0],
+            decode=roles[1],
+            bootstrap_annotation=self.bootstrap_port_annotation,
+        )
+        return KubeSettings(rules, namespace=ns)
 
     @property
     def prefill_policy_name(self) -> str:

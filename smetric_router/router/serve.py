@@ -139,6 +139,8 @@ async def serve(
                 config.policy,
                 len(config.worker_urls),
             )
+        if config.discovery_kind is not None:
+            log.info("workers also from discovery: %s", config.discovery_kind)
         log.info("auth: %s", describe(config.auth()))
         if replicas:
             log.info("%d more router processes on port %d", len(replicas), ports["http"])

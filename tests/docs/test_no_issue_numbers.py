@@ -10,9 +10,11 @@ from pathlib import Path
 
 from tests.docs.markdown import README, REPO, rel, repo_files
 
-FOLDERS = ("docs", "smetric_router", "tests", "benchmarks", "launch", "sglang_env")
-ROOTS = [README, REPO / "Makefile", REPO / "pyproject.toml", *(REPO / f for f in FOLDERS)]
-SUFFIXES = (".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".sh", ".jinja", "Makefile")
+FOLDERS = ("docs", "smetric_router", "tests", "benchmarks", "launch", "sglang_env", "deploy")
+ROOTS = [README, REPO / "Makefile", REPO / "pyproject.toml", REPO / "Dockerfile",
+         REPO / ".dockerignore", *(REPO / f for f in FOLDERS)]  # fmt: skip
+SUFFIXES = (".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".sh", ".jinja", "Makefile",
+            "Dockerfile")  # fmt: skip
 ISSUE_REFERENCE = re.compile(r"\bissues?[ #-]{0,2}\d+|\bitems? \d+", re.IGNORECASE)
 
 
@@ -29,7 +31,9 @@ def scanned() -> list[Path]:
 def test_the_scan_reaches_code_tests_and_docs() -> None:
     names = {rel(p) for p in scanned()}
     assert {"README.md", "smetric_router/router/cli.py", "tests/docs/test_no_issue_numbers.py",
-            "benchmarks/results/README.md", "Makefile"} <= names  # fmt: skip
+            "benchmarks/results/README.md", "Makefile", "Dockerfile",
+            "deploy/docker/sglang-worker.Dockerfile", "deploy/base/router/deployment.yaml",
+            "docs/deploy.md"} <= names  # fmt: skip
 
 
 def test_no_issue_numbers() -> None:

@@ -4,15 +4,13 @@ parser (run in the CPU SGLang environment), so a renamed or misspelled flag fail
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from smetric_router.launch import ClusterSpec, load_spec, plan_workers
 from smetric_router.launch.stack import dry_run
-from tests.sglang_env import REPO, RESULT_PREFIX, require_sglang_python
+from tests.helpers.server_args import parse_server_args
+from tests.sglang_env import REPO
 
 pytestmark = pytest.mark.sglang
 
@@ -23,18 +21,6 @@ SPECS = [
     "sglang-h20.yaml",
     "sglang-h20-pd.yaml",
 ]
-SCRIPT = Path(__file__).parent / "sglang_scripts" / "parse_server_args.py"
-
-
-def parse(argvs: list[list[str]]) -> list[dict[str, Any]]:
-    python = require_sglang_python()
-    proc = subprocess.run([str(python), str(SCRIPT)], input=json.dumps(argvs), cwd=REPO,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
-    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-3000:]
-    out: list[dict[str, Any]] = json.loads(lines[-1][len(RESULT_PREFIX) :])
-    return out
 
 
 def server_argv(spec: ClusterSpec) -> list[list[str]]:
@@ -48,7 +34,7 @@ def test_committed_specs_parse_with_sglangs_own_parser() -> None:
     specs = {name: load_spec(REPO / "launch" / name) for name in SPECS}
     argvs = {name: server_argv(spec) for name, spec in specs.items()}
     flat = [a for name in SPECS for a in argvs[name]]
-    parsed = iter(parse(flat))
+    parsed = iter(parse_server_args(flat))
     for name in SPECS:
         spec = specs[name]
         results = [next(parsed) for _ in argvs[name]]
@@ -72,7 +58,7 @@ def test_committed_specs_parse_with_sglangs_own_parser() -> None:
 def test_a_misspelled_flag_is_caught() -> None:
     spec = load_spec(REPO / "launch" / "sglang-cpu.yaml")
     argv = server_argv(spec)[0] + ["--enable-cache-reports"]
-    (result,) = parse([argv])
+    (result,) = parse_server_args([argv])
     assert "unrecognized arguments: --enable-cache-reports" in result["error"]
 
 
