@@ -97,23 +97,28 @@ class Sampler:
         rows = []
         for w in workers:
             seen = self._feeds.get(w.url)
-            rows.append({
-                "url": w.url,
-                "healthy": w.healthy,
-                "load": w.load,
-                "inflight": w.inflight,
-                "inflight_pages": w.inflight_pages,
-                "kv": None if w.kv_connected is None else {
-                    "connected": w.kv_connected,
-                    "resets": w.kv_resets,
-                    "stalls": w.kv_stalls,
-                    "gaps_recovered": w.kv_gaps_recovered,
-                    "decode_errors": w.kv_decode_errors,
-                    # seconds since the feed last applied a batch (as this timer saw it)
-                    "last_batch_age_s": None if seen is None or seen.batches < 0
-                    else round(mono - seen.since, 1),
-                },
-            })  # fmt: skip
+            rows.append(
+                {
+                    "url": w.url,
+                    "healthy": w.healthy,
+                    "load": w.load,
+                    "inflight": w.inflight,
+                    "inflight_pages": w.inflight_pages,
+                    "kv": None
+                    if w.kv_connected is None
+                    else {
+                        "connected": w.kv_connected,
+                        "resets": w.kv_resets,
+                        "stalls": w.kv_stalls,
+                        "gaps_recovered": w.kv_gaps_recovered,
+                        "decode_errors": w.kv_decode_errors,
+                        # seconds since the feed last applied a batch (as this timer saw it)
+                        "last_batch_age_s": None
+                        if seen is None or seen.batches < 0
+                        else round(mono - seen.since, 1),
+                    },
+                }
+            )
         l3 = self.sample_l3()
         return {
             "now": time.time(),
@@ -121,10 +126,17 @@ class Sampler:
             "period_s": PERIOD_S,
             "loop_lag_s": self.loop_lag_s,
             "workers": rows,
-            "l3": None if l3 is None else {
-                "source": l3.source, "known": l3.ok, "outages": l3.outages, "resets": l3.resets,
-                "lookups": l3.lookups, "keys": l3.keys, "pages": l3.pages,
-            },  # fmt: skip
+            "l3": None
+            if l3 is None
+            else {
+                "source": l3.source,
+                "known": l3.ok,
+                "outages": l3.outages,
+                "resets": l3.resets,
+                "lookups": l3.lookups,
+                "keys": l3.keys,
+                "pages": l3.pages,
+            },
             "history": {
                 "t": [round(k.t, 3) for k in ticks],
                 "workers": urls,

@@ -36,7 +36,9 @@ def prometheus(target: str, tmp: Path) -> Iterator[str]:
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "rule_files": [str(RULES)],
-        "scrape_configs": [{"job_name": "smetric-router", "static_configs": [{"targets": [target]}]}],
+        "scrape_configs": [
+            {"job_name": "smetric-router", "static_configs": [{"targets": [target]}]}
+        ],
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     log = (tmp / "prometheus.log").open("wb")
@@ -52,7 +54,7 @@ def prometheus(target: str, tmp: Path) -> Iterator[str]:
             assert proc.poll() is None, (tmp / "prometheus.log").read_text()
             try:
                 with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
-                    return r.status == 200
+                    return bool(r.status == 200)
             except OSError:
                 return False
 
@@ -84,7 +86,8 @@ def chromium(url: str, tmp: Path, screenshot: Path | None = None, budget_ms: int
     binary = require_chromium()
     args = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
             "--no-first-run", "--disable-extensions", f"--user-data-dir={tmp / 'chromium'}",
-            f"--window-size={WINDOW[0]},{WINDOW[1]}", f"--virtual-time-budget={budget_ms}"]  # fmt: skip
+            f"--window-size={WINDOW[0]},{WINDOW[1]}",
+            f"--virtual-time-budget={budget_ms}"]  # fmt: skip
     if screenshot is not None:
         done = subprocess.run([*args, f"--screenshot={screenshot}", url],
                               capture_output=True, timeout=120, check=False)  # fmt: skip

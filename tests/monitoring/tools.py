@@ -125,8 +125,12 @@ def exported_names() -> set[str]:
     registry: CollectorRegistry = metrics.registry
     DiscoveryMetrics(registry)
     names: set[str] = set()
-    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum",
-                "_created"), "gauge": ("",), "summary": ("", "_count", "_sum", "_created")}  # fmt: skip
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_count", "_sum", "_created"),
+        "gauge": ("",),
+        "summary": ("", "_count", "_sum", "_created"),
+    }
     for family in registry.collect():
         names.update(family.name + s for s in suffixes.get(family.type, ("",)))
     return names
