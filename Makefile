@@ -18,9 +18,14 @@ setup: $(VENV)/.installed
 # libibverbs1: what Mooncake's native client and mooncake_master (the `mooncake` extra) link against.
 # kubectl: its built-in Kustomize renders deploy/ for the manifest checks (tests/deploy); no
 # cluster is needed or contacted.
+# prometheus: promtool checks and unit-tests deploy/monitoring's rules, and a real Prometheus
+# evaluates them and the Grafana dashboard's queries against a real router (tests/monitoring).
+# chromium: headless, it opens the router's /dashboard page in tests/monitoring.
 $(VENV)/.installed: pyproject.toml
 	dpkg -s libibverbs1 >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libibverbs1; }
 	command -v kubectl >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq kubectl; }
+	command -v promtool >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq prometheus; }
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,bench,mooncake]'
@@ -62,4 +67,4 @@ test: setup sglang agents
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	SMETRIC_REQUIRE_SGLANG=1 SMETRIC_REQUIRE_SHARED=1 SMETRIC_REQUIRE_AGENTS=1 SMETRIC_REQUIRE_DEPLOY=1 \
-		$(PY) -m pytest
+		SMETRIC_REQUIRE_PROMETHEUS=1 SMETRIC_REQUIRE_CHROMIUM=1 $(PY) -m pytest

@@ -26,6 +26,7 @@ from smetric_router.policies import make_policy
 from smetric_router.router import api_messages, api_responses
 from smetric_router.router.auth import auth_middleware, upstream_auth_header
 from smetric_router.router.config import RouterConfig
+from smetric_router.router.dashboard import Sampler, SamplerTimer, data_handler, handle_page
 from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
 from smetric_router.router.errors import RouterError, bad_request, no_worker
 from smetric_router.router.http_guards import (
@@ -93,6 +94,15 @@ class RouterState:
         self.pd: PdProxy | None = None  # set under PD disaggregation
         self.discovery: Discovery | None = None  # --service-discovery, --discovery-provider
         self.metrics = RouterMetrics(self.sample_workers, self.sample_l3 if l3 else None)
+        # /dashboard's per-second history (router/dashboard.py)
+        self.sampler = Sampler(
+            self.sample_workers,
+            self.metrics.decision_counts,
+            self.metrics.tier_counts,
+            sample_l3=self.sample_l3,
+            feed_batches=self._feed_batches,
+        )
+        self._timer = SamplerTimer(self.sampler, self.metrics.loop_lag.set)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -202,8 +212,10 @@ class RouterState:
             await self._session.close()
             raise
         self._registry.start()
+        self._timer.start()
 
     async def stop(self) -> None:
+        await self._timer.stop()
         if self.discovery is not None:  # first: it would add workers to a stopping registry
             await self.discovery.stop()
         if self._registry is not None:
@@ -234,6 +246,10 @@ class RouterState:
             self.text_tree.remove_worker(url)
         if self.inflight is not None:
             self.inflight.remove_worker(url)
+
+    def _feed_batches(self, url: str) -> int | None:
+        feed = self.kv_feeds.stats(url) if self.kv_feeds is not None else None
+        return None if feed is None else feed.batches_applied
 
     def sample_l3(self) -> L3Sample | None:
         l3 = self.l3
@@ -699,6 +715,10 @@ def build_app(state: RouterState) -> web.Application:
     # POST only: a link cannot flush
     app.router.add_post("/flush_cache", handle_flush_cache, expect_handler=guard)
     app.router.add_post("/smetric/prefix_match", handle_prefix_match, expect_handler=guard)
+    # the live page (open: static, no data) and its data (admin): router/dashboard.py
+    app.router.add_get("/dashboard", handle_page, expect_handler=guard)
+    app.router.add_get("/dashboard/data", data_handler(lambda r: r.app[STATE].sampler),
+                       expect_handler=guard)  # fmt: skip
     add_catch_all(app)
     hide_server(app)
     quiet_client_faults()

@@ -2,8 +2,10 @@
 
 Three kinds of endpoint:
 - open: /health, /liveness, /readiness, /metrics (GET): probes and Prometheus carry no secrets;
-- admin: POST/DELETE /workers, /flush_cache: --admin-api-key; without it, the --api-key; with no
-  key at all, loopback clients only;
+  /dashboard (GET): the live page's static HTML, which holds no data (router/dashboard.py);
+- admin: POST/DELETE /workers, /flush_cache, GET /dashboard/data (the page's data: every worker's
+  address and state): --admin-api-key; without it, the --api-key; with no key at all, loopback
+  clients only;
 - inference: everything else (generation, /v1/models, GET /workers, /smetric/prefix_match):
   --api-key when one is set.
 Keys are compared in constant time. A request that carries a body must declare it JSON (415
@@ -32,7 +34,8 @@ from smetric_router.router.errors import RouterError
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/liveness", "/readiness", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/liveness", "/readiness", "/metrics", "/dashboard"})
+ADMIN_PATHS = frozenset({"/flush_cache", "/dashboard/data"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # The Authorization header line the proxies send to the worker (b"" = none).
 _UPSTREAM: web.RequestKey[bytes] = web.RequestKey("smetric_upstream_auth", bytes)
@@ -47,7 +50,7 @@ class Access(Enum):
 def access_of(method: str, path: str) -> Access:
     if path in OPEN_PATHS and method in ("GET", "HEAD"):
         return Access.OPEN
-    if path == "/flush_cache" or (path == "/workers" and method in ("POST", "DELETE")):
+    if path in ADMIN_PATHS or (path == "/workers" and method in ("POST", "DELETE")):
         return Access.ADMIN
     return Access.INFERENCE
 

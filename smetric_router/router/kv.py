@@ -13,6 +13,9 @@ class FeedStats(Protocol):
     def resets(self) -> int: ...
 
     @property
+    def batches_applied(self) -> int: ...
+
+    @property
     def gaps_recovered(self) -> int: ...
 
     @property

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -254,6 +254,16 @@ class RouterMetrics:
             ["field"],
             registry=r,
         )
+        self.loop_lag = Gauge(
+            "smetric_router_event_loop_lag_seconds",
+            "How late the router's once-a-second timer last fired: the event loop's lag. A router "
+            "busy past its CPU answers everything this much later",
+            registry=r,
+        )
+        # Plain cumulative counts beside the counters above, for the /dashboard sampler
+        # (router/dashboard.py): decisions by reason, routed prefix tokens by tier.
+        self.decision_counts: dict[str, int] = {}
+        self.tier_counts: dict[str, int] = {}
         # children by (metric, label values), kept for the request path (see _child)
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
         r.register(_WorkerCollector(sample_workers))
@@ -263,15 +273,16 @@ class RouterMetrics:
     def count_prefix(self, gpu: int, local: int, l3: int | None) -> None:
         """Once per decision: the chosen worker's cached prefix by tier."""
         if gpu:
-            self._tier("gpu").inc(gpu)
+            self._tier("gpu", gpu).inc(gpu)
         if local > gpu:
-            self._tier("host").inc(local - gpu)
+            self._tier("host", local - gpu).inc(local - gpu)
         if l3 is None:
             self._tier("l3_unknown").inc()
         elif l3 > local:
-            self._tier("l3").inc(l3 - local)
+            self._tier("l3", l3 - local).inc(l3 - local)
 
-    def _tier(self, tier: str) -> Counter:
+    def _tier(self, tier: str, n: int = 1) -> Counter:
+        self.tier_counts[tier] = self.tier_counts.get(tier, 0) + n
         return self._child(self.prefix_tokens, tier)
 
     def _child(self, metric: _M, *labels: str) -> _M:
@@ -283,6 +294,7 @@ class RouterMetrics:
         return cast(_M, child)
 
     def decided(self, reason: str, worker: str) -> None:
+        self.decision_counts[reason] = self.decision_counts.get(reason, 0) + 1
         self._child(self.decisions, reason, worker).inc()
 
     def routed(self, endpoint: str, reason: str) -> None:
