@@ -12,20 +12,12 @@ SGL_VENV ?= .venv-sglang
 SGL_PY := $(SGL_VENV)/bin/python
 ARGS ?=
 
-.PHONY: run test setup sglang agents flag-docs
+.PHONY: run test setup sglang agents flag-docs test-tools
 setup: $(VENV)/.installed
 
 # libibverbs1: what Mooncake's native client and mooncake_master (the `mooncake` extra) link against.
-# kubectl: its built-in Kustomize renders deploy/ for the manifest checks (tests/deploy); no
-# cluster is needed or contacted.
-# prometheus: promtool checks and unit-tests deploy/monitoring's rules, and a real Prometheus
-# evaluates them and the Grafana dashboard's queries against a real router (tests/monitoring).
-# chromium: headless, it opens the router's /dashboard page in tests/monitoring.
 $(VENV)/.installed: pyproject.toml
 	dpkg -s libibverbs1 >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libibverbs1; }
-	command -v kubectl >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq kubectl; }
-	command -v promtool >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq prometheus; }
-	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,bench,mooncake]'
@@ -62,7 +54,18 @@ agents/node_modules/.installed: agents/package.json agents/package-lock.json
 	cd agents && npm install --no-audit --no-fund --no-save
 	touch $@
 
-test: setup sglang agents
+# Debian tools only the tests drive (command:package; one apt run for those missing):
+# kubectl: its built-in Kustomize renders deploy/ for the manifest checks (tests/deploy); no
+# cluster is needed or contacted.
+# prometheus: promtool checks and unit-tests deploy/monitoring's rules, and a real Prometheus
+# evaluates them and the Grafana dashboard's queries against a real router (tests/monitoring).
+# chromium: headless, it opens the router's /dashboard page in tests/monitoring.
+TEST_TOOLS := kubectl:kubectl promtool:prometheus chromium:chromium
+test-tools:
+	@missing=; for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
+
+test: setup sglang agents test-tools
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
