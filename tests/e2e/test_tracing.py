@@ -14,6 +14,7 @@ import sys
 import textwrap
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +119,7 @@ def test_each_chat_request_is_one_trace_whose_decision_matches_the_headers(
         stream = turn == 1
         body = {"model": "m", "messages": messages, "max_tokens": 8, "stream": stream}
         headers, raw = chat(traced_stack.url, body, trace_id)
-        spans = eventually_sync(
-            lambda t=trace_id: router_trace(receiver, t), f"turn {turn}'s spans"
-        )
+        spans = eventually_sync(partial(router_trace, receiver, trace_id), f"turn {turn}'s spans")
 
         server = next(s for s in spans if s.kind == SERVER)
         # the client's trace is kept: the router's span is a child of the client's
