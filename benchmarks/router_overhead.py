@@ -105,7 +105,7 @@ def targets(sglang_py: str) -> list[Target]:
         Target("smetric-router (smetric)", ours),
         Target("smetric-router (smetric, --processes 2)", (*ours, "--processes", "2")),
         # every request's spans exported over OTLP/HTTP, to nginx (it answers /v1/traces 200)
-        Target("smetric-router (smetric, --enable-trace)",
+        Target("smetric-router (smetric) --enable-trace",
                ("env", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf", *ours,
                 "--enable-trace", "--otlp-traces-endpoint", "{worker}/v1/traces")),
         Target("smg 1.13 (cache_aware)", (sglang_py, "-m", "smg", "launch", *peer)),
