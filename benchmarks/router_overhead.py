@@ -7,7 +7,8 @@ An instant worker: nginx answers `POST /v1/chat/completions` at once with a fixe
 on one port and as an SSE stream (role chunk, content chunk, finish chunk, [DONE]) on another;
 every other path (/health, /server_info, /v1/models, /v1/loads, ...) goes to one emulated SGLang
 worker, so each router discovers and health-checks a worker that looks like SGLang. `wrk` drives
-each target: the worker itself, smetric-router (1 and 2 processes), smg `cache_aware`,
+each target: the worker itself, smetric-router (1 and 2 processes, and with --enable-trace
+exporting every request's spans to nginx), smg `cache_aware`,
 sglang-router `cache_aware` — req/s at 64 connections (JSON and SSE), latency p50/p99 at 1
 connection (the router's added latency = its p50 minus the worker's), and the router's CPU (all
 its processes, user+system seconds per wall second) and RSS during the 64-connection JSON run.
@@ -67,12 +68,14 @@ http {{
   server {{
     listen 127.0.0.1:{json_port};
     location = /v1/chat/completions {{ default_type application/json; return 200 '{json}'; }}
+    location = /v1/traces {{ return 200; }}
     location / {{ proxy_pass http://emulated; proxy_http_version 1.1;
                   proxy_set_header Connection ""; }}
   }}
   server {{
     listen 127.0.0.1:{sse_port};
     location = /v1/chat/completions {{ default_type text/event-stream; return 200 "{sse}"; }}
+    location = /v1/traces {{ return 200; }}
     location / {{ proxy_pass http://emulated; proxy_http_version 1.1;
                   proxy_set_header Connection ""; }}
   }}
@@ -101,6 +104,10 @@ def targets(sglang_py: str) -> list[Target]:
         Target("worker (nginx, no router)", ()),
         Target("smetric-router (smetric)", ours),
         Target("smetric-router (smetric, --processes 2)", (*ours, "--processes", "2")),
+        # every request's spans exported over OTLP/HTTP, to nginx (it answers /v1/traces 200)
+        Target("smetric-router (smetric) --enable-trace",
+               ("env", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf", *ours,
+                "--enable-trace", "--otlp-traces-endpoint", "{worker}/v1/traces")),
         Target("smg 1.13 (cache_aware)", (sglang_py, "-m", "smg", "launch", *peer)),
         Target("sglang-router 0.3.2 (cache_aware)",
                (sglang_py, "-m", "sglang_router.launch_router", *peer)),
@@ -223,7 +230,7 @@ def _nothing() -> Iterator[None]:
     yield None
 
 
-def write(results: dict[str, dict[str, float]], seconds: float) -> None:
+def write(results: dict[str, dict[str, float]], seconds: float, out: str) -> None:
     base = results["worker (nginx, no router)"]
     lines = [
         "# Router overhead: smetric-router, smg, sglang-router in front of an instant worker",
@@ -247,7 +254,7 @@ def write(results: dict[str, dict[str, float]], seconds: float) -> None:
             f"{r['p50_us']:.0f} µs | {r['p99_us']:.0f} µs | {added} | {cpu} | {rss} |"
         )
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "router_overhead.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -255,6 +262,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each wrk run")
     ap.add_argument("--only", default="", help="comma-separated target name prefixes")
+    ap.add_argument("--out", default="router_overhead.md", help="file under benchmarks/results/")
     a = ap.parse_args()
     for tool in ("nginx", "wrk"):
         if shutil.which(tool) is None:
@@ -275,7 +283,7 @@ def main() -> None:
                 continue
             results[t.name] = measure(t, ports, a.seconds, work)
             print(t.name, results[t.name], flush=True)
-    write(results, a.seconds)
+    write(results, a.seconds, a.out)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from smetric_router.core import tracing
 from smetric_router.features import bodies
 from smetric_router.features.budget import UNLIMITED, Budget
 from smetric_router.features.chat_tokenizer import ChatTokenizer
@@ -182,16 +183,21 @@ class ChatPrompts:
         tools = request_tools(body, hosted)
         kwargs = template_kwargs(body)
         # the loop iterations the previous prompt's render shares with this one are reused
-        text, loops = chat.render_reusing(
-            final,
-            tools,
-            kwargs,
-            True,
-            tip.loops if tip is not None else None,
-            tip.rendered if tip is not None else None,  # whose prompt begins with its text
-        )
+        with tracing.span("render") as span:
+            text, loops = chat.render_reusing(
+                final,
+                tools,
+                kwargs,
+                True,
+                tip.loops if tip is not None else None,
+                tip.rendered if tip is not None else None,  # whose prompt begins with its text
+            )
+            span.set("smetric.chars", len(text))
         base = tip.rendered if tip is not None else self._starts.get(_peek(messages[0]))
-        rendered, shared = render_from(chat.tokenizer, text, self.page_size, base, budget)
+        # tokenizing and hashing go together: both only from where the text differs from base's
+        with tracing.span("tokenize_hash") as span:
+            rendered, shared = render_from(chat.tokenizer, text, self.page_size, base, budget)
+            span.set("smetric.reused_chars", shared)
         shares_base = base is not None and shared == base.length
 
         turns, last = (tip.turns, tip.last) if tip is not None else (0, -1)
@@ -201,9 +207,10 @@ class ChatPrompts:
         history = 0
         if last >= 0:
             try:
-                shared = chat.shared_prefix(
-                    rendered_messages[: last + 1], tools, kwargs, False, loops, text
-                )
+                with tracing.span("render_history"):
+                    shared = chat.shared_prefix(
+                        rendered_messages[: last + 1], tools, kwargs, False, loops, text
+                    )
             except ValueError:  # a template that refuses to end on an assistant turn
                 shared = 0
             history = rendered.tokens_through(shared)

@@ -13,6 +13,7 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from smetric_router.core import tracing
 from smetric_router.core.types import RequestFeatures
 from smetric_router.features import anthropic_messages, bodies, openai_responses
 from smetric_router.features.bodies import HINT_FIELD, HISTORY_HEADER, TURN_HEADER, strip_hint
@@ -120,13 +121,16 @@ class FeatureExtractor:
     ) -> RequestFeatures:
         turn, history = bodies.hint(body, headers)
         if text is not None:
-            tokens = as_u32(self.chat.tokenizer.encode_text(text, budget))
+            with tracing.span("tokenize"):
+                tokens = as_u32(self.chat.tokenizer.encode_text(text, budget))
         else:
             tokens = as_u32(ids or [])
-        digests = page_digests(tokens, self.page_size)
+        with tracing.span("hash"):
+            digests = page_digests(tokens, self.page_size)
+            hashes = array("q", (block_hash(d) for d in digests))
         return RequestFeatures(
             prompt_len=len(tokens),
-            page_hashes=array("q", (block_hash(d) for d in digests)),
+            page_hashes=hashes,
             page_size=self.page_size,
             turn=turn,
             est_hit=history,

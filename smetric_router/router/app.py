@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from smetric_router.cluster.inflight import InflightPrefixes
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.l3_view import EventsL3, L3State, MasterL3
+from smetric_router.core import tracing
 from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.discovery.register import Discovery, start_discovery
 from smetric_router.features import anthropic_thinking
@@ -38,9 +39,14 @@ from smetric_router.router.http_guards import (
 from smetric_router.router.kv import KvFeeds
 from smetric_router.router.limits import upstream_connection_limit
 from smetric_router.router.metrics import STREAM_ERROR, L3Sample, RouterMetrics, WorkerSample
-from smetric_router.router.pd import PdProxy
+from smetric_router.router.pd import PdProxy, pd_decision_attributes
 from smetric_router.router.probe import Prober
-from smetric_router.router.proxy import STREAM_CUT, Proxy
+from smetric_router.router.proxy import (
+    STREAM_CUT,
+    Proxy,
+    decision_attributes,
+    feature_attributes,
+)
 from smetric_router.router.routing import (
     DEFAULT_PAGE_SIZE,
     Endpoint,
@@ -389,7 +395,9 @@ def _shutting_down(message: str) -> RouterError:
 async def _generate(
     state: RouterState, request: web.Request, endpoint: Endpoint, started: float
 ) -> web.StreamResponse:
-    raw, body = await read_json_object(request, state.config.max_body_bytes)
+    with tracing.span("read_body") as span:
+        raw, body = await read_json_object(request, state.config.max_body_bytes)
+        span.set("smetric.body_bytes", len(raw))
     model = _check_model(body, state.registry)
     router = state.router
     if endpoint is Endpoint.RESPONSES:
@@ -415,16 +423,24 @@ async def _generate(
             seen, kind = router.features.messages_chat(body), Endpoint.CHAT
         elif endpoint is Endpoint.RESPONSES:
             seen, kind = router.features.responses_chat(body), Endpoint.CHAT
-        features = await router.extract(kind, seen, request.headers, model)
-        features = router.hinted(features, request.headers, body)  # the client's own body
+        with tracing.span("features") as span:
+            features = await router.extract(kind, seen, request.headers, model)
+            features = router.hinted(features, request.headers, body)  # the client's own body
+            if tracing.enabled:
+                span.set_many(feature_attributes(features))
         probed = await router.probe(seen, model)  # None unless --cache-view probe
         l3 = await router.l3_lookup(features, model)  # 0 unless --l3-view
         if strip_hint(body) or edited:
             raw = orjson.dumps(body)
-        if state.pd is not None:
-            pair = state.pd.route(features, model, probed, l3)
-        else:
-            routed = router.route(features, model, probed, l3)
+        with tracing.span("route") as span:
+            if state.pd is not None:
+                pair = state.pd.route(features, model, probed, l3)
+                if tracing.enabled:
+                    span.set_many(pd_decision_attributes(pair, state.pd))
+            else:
+                routed = router.route(features, model, probed, l3)
+                if tracing.enabled:
+                    span.set_many(decision_attributes(routed, router.policy.name))
     except FeatureError as e:
         raise bad_request(str(e)) from None
     except NoWorkerAvailable:
@@ -681,7 +697,11 @@ def build_app(state: RouterState) -> web.Application:
     app = web.Application(
         client_max_size=state.config.max_body_bytes,
         # outermost first: Anthropic's error shape covers auth's answers too
-        middlewares=[api_messages.error_middleware(), auth_middleware(state.config.auth())],
+        middlewares=[
+            *_tracing_middleware(),  # outermost: its span covers the refusals too
+            api_messages.error_middleware(),
+            auth_middleware(state.config.auth()),
+        ],
     )
     app[STATE] = state
 
@@ -723,6 +743,15 @@ def build_app(state: RouterState) -> web.Application:
     hide_server(app)
     quiet_client_faults()
     return app
+
+
+def _tracing_middleware() -> list[Any]:
+    """The server span of each request, with --enable-trace (set up before the app is built)."""
+    if not tracing.enabled:
+        return []
+    from smetric_router.router.otel_trace import server_span
+
+    return [server_span]
 
 
 def metrics_app(state: RouterState) -> web.Application:

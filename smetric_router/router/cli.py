@@ -14,6 +14,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from smetric_router.core import tracing
 from smetric_router.core.flags import DefaultsHelpFormatter, add_flags, values
 from smetric_router.discovery.base import DiscoveryError
 from smetric_router.router.config import FLAG_GROUPS, RouterConfig
@@ -21,6 +22,9 @@ from smetric_router.router.limits import raise_open_files_limit
 from smetric_router.router.serve import serve
 
 log = logging.getLogger("smetric_router.router")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# with --enable-trace: the trace id of the request a line is about ("-" when none)
+TRACED_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [trace_id=%(trace_id)s]: %(message)s"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,10 +66,9 @@ def config_from_args(argv: Sequence[str] | None = None) -> RouterConfig:
 def main(argv: Sequence[str] | None = None) -> None:
     raw = list(sys.argv[1:] if argv is None else argv)
     config, args = parse(raw)
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
+    if config.enable_trace:
+        tracing.log_trace_ids(TRACED_LOG_FORMAT)
     raise_open_files_limit()  # before any connection: the limit bounds them all
     try:
         try:

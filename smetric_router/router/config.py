@@ -53,6 +53,7 @@ RESPONSES = "OpenAI Responses"
 LIMITS = "request limits"
 AGENTS = "coding agents"
 DISCOVERY = "worker discovery"
+TRACING = "tracing"
 FLAG_GROUPS = {
     PD: "prefill and decode on separate SGLang instances (as sglang_router)",
     LIFECYCLE: "how the router stops",
@@ -69,6 +70,11 @@ FLAG_GROUPS = {
     "by the same path as POST/DELETE /workers (flag names as sglang_router's); workers given "
     "with --worker-urls, --prefill or --decode stay as given: discovery only removes what it "
     "added (docs/kubernetes.md)",
+    TRACING: "OpenTelemetry traces over OTLP, with SGLang 0.5.23's flags; the exporter protocol "
+    "comes from OTEL_EXPORTER_OTLP_TRACES_PROTOCOL as in SGLang: grpc (default; the endpoint is "
+    "host:port) or http/protobuf (the endpoint is the full http://host:port/v1/traces URL). "
+    "Workers started with --enable-trace join the router's trace of each request (traceparent). "
+    "Needs the `trace` extra (docs/observing.md#tracing)",
 }
 
 
@@ -681,6 +687,37 @@ class RouterConfig:
         ),
     )
 
+    # Tracing (router/otel_trace.py), flag names and defaults as SGLang's own.
+    enable_trace: bool = option(
+        False,
+        Flag(
+            "--enable-trace",
+            "send a trace of each request (its decision, worker attempts, PD legs) to the OTLP "
+            "collector at --otlp-traces-endpoint; the workers get the trace context (traceparent)",
+            group=TRACING,
+        ),
+    )
+    otlp_traces_endpoint: str = option(
+        "localhost:4317",
+        Flag(
+            "--otlp-traces-endpoint",
+            "the OTLP collector: host:port for grpc, the full URL (http://host:port/v1/traces) "
+            "for http/protobuf",
+            metavar="ENDPOINT",
+            group=TRACING,
+        ),
+    )
+    otlp_service_name: str | None = option(
+        None,
+        Flag(
+            "--otlp-service-name",
+            "the traces' service.name",
+            metavar="NAME",
+            group=TRACING,
+            default_text="$OTEL_SERVICE_NAME, else smetric-router",
+        ),
+    )
+
     def __post_init__(self) -> None:
         if self.page_size is not None and self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
@@ -756,6 +793,8 @@ class RouterConfig:
             )
         if self.response_id_key is not None and len(self.response_id_key) < 16:
             raise ValueError("response_id_key must be at least 16 characters (it signs ids)")
+        if self.enable_trace and not self.otlp_traces_endpoint.strip():
+            raise ValueError("--enable-trace needs --otlp-traces-endpoint")
         self.worker_specs()  # URL and port checks fail here, at start-up
         self.discovery_settings()  # selector and provider checks too
 

@@ -42,6 +42,8 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from smetric_router.core import tracing
+from smetric_router.core.tracing import AttrValue
 from smetric_router.core.types import RequestFeatures
 from smetric_router.router.api_messages import stream_dialect
 from smetric_router.router.auth import upstream_auth_line
@@ -52,6 +54,7 @@ from smetric_router.router.proxy import (
     REASON_HEADER,
     WORKER_HEADER,
     copy_stream,
+    decision_attributes,
     forward_head,
     hit_headers,
     local_error,
@@ -119,6 +122,25 @@ def _worker_error(status: int, body: bytes, content_type: str, pair: Pair) -> we
     body, content_type = worker_error_reply(status, body, content_type)
     headers = {**pair.headers(), "Content-Type": content_type}
     return web.Response(status=status, body=body, headers=headers)
+
+
+def pd_decision_attributes(pair: Pair, pd: PdProxy) -> dict[str, AttrValue | None]:
+    """A PD decision as span attributes (--enable-trace): the prefill side's as colocated
+    routing's (smetric.*), the decode side's under smetric.decode.*."""
+    return {
+        **decision_attributes(pair.prefill, pd.prefill_router.policy.name),
+        **decision_attributes(pair.decode, pd.decode_router.policy.name, "smetric.decode."),
+    }
+
+
+def _leg_attributes(worker: Worker, path: str, routed: Routed, tries: int) -> dict[str, Any]:
+    return {
+        "http.request.method": "POST",
+        "url.full": worker.url + path,
+        "smetric.worker": worker.url,
+        "smetric.reason": routed.decision.reason,
+        "smetric.retry": tries,  # 0: the first attempt
+    }
 
 
 def bootstrap_host(url: str) -> str:
@@ -222,7 +244,7 @@ class PdProxy:
         label: str,
     ) -> web.StreamResponse:
         n = batch_size(path, body)
-        headers = forward_head(request.raw_headers) + upstream_auth_line(request)
+        headers = forward_head(request.raw_headers, tracing.enabled) + upstream_auth_line(request)
         excluded: dict[Side, list[str]] = {Side.PREFILL: [], Side.DECODE: []}
         while True:
             prefill = self.registry.workers.get(pair.prefill.decision.worker)
@@ -235,9 +257,11 @@ class PdProxy:
             else:
                 payload = with_bootstrap(body, prefill, n)
                 stream = body.get("stream") is True
+                tries = len(excluded[Side.PREFILL]) + len(excluded[Side.DECODE])
                 outcome = await self._attempt(
-                    request, path, payload, headers, pair, prefill, decode, started, label, stream
-                )
+                    request, path, payload, headers, pair, prefill, decode, started, label, stream,
+                    tries,
+                )  # fmt: skip
             if isinstance(outcome, web.StreamResponse):
                 return outcome
             side_routed = pair.side(outcome.side)
@@ -286,6 +310,50 @@ class PdProxy:
         started: float,
         label: str,
         stream: bool = False,
+        tries: int = 0,
+    ) -> web.StreamResponse | _Failed:
+        # Each leg's span: siblings under the request's span, a pair of them per attempt.
+        p_span = tracing.client_span(
+            "prefill",
+            _leg_attributes(prefill, path, pair.prefill, tries) if tracing.enabled else None,
+        )
+        d_span = tracing.client_span(
+            "decode", _leg_attributes(decode, path, pair.decode, tries) if tracing.enabled else None
+        )
+        try:
+            outcome = await self._attempt_legs(
+                request, path, payload, headers, pair, prefill, decode, started, label, stream,
+                p_span, d_span,
+            )  # fmt: skip
+            if isinstance(outcome, _Failed):  # (the prefill's span ended with its reply)
+                (p_span if outcome.side is Side.PREFILL else d_span).fail(outcome.why)
+            else:
+                d_span.set("http.response.status_code", outcome.status)
+            return outcome
+        except asyncio.CancelledError:
+            d_span.set("smetric.cancelled", True)
+            raise
+        except BaseException as e:
+            d_span.fail(str(e) or type(e).__name__)
+            raise
+        finally:
+            p_span.end()
+            d_span.end()
+
+    async def _attempt_legs(
+        self,
+        request: web.Request,
+        path: str,
+        payload: bytes,
+        headers: bytes,
+        pair: Pair,
+        prefill: Worker,
+        decode: Worker,
+        started: float,
+        label: str,
+        stream: bool,
+        p_span: tracing.Span,
+        d_span: tracing.Span,
     ) -> web.StreamResponse | _Failed:
         features = pair.prefill.features
         # What the prefill will not compute: its local hit, or what it loads from L3.
@@ -294,7 +362,7 @@ class PdProxy:
         held = _Held(prefill, decode, max(0, features.prompt_len - hit), features.prompt_len)
         # The prompt's pages count as held by the prefill until it is done (cluster/inflight.py).
         pending = self.prefill_router.hold(prefill.url, features)
-        p_task = asyncio.create_task(self._prefill(prefill, path, payload, headers, pair))
+        p_task = asyncio.create_task(self._prefill(prefill, path, payload, headers, pair, p_span))
         bounds = Timeouts(self.timeout)
         if stream:
             # Past its first-byte bound, a decode is not silent while its prefill runs: the KV
@@ -307,7 +375,7 @@ class PdProxy:
                 not_alive="its prefill has ended",
             )
         d_task = asyncio.create_task(
-            self._decode_head(decode, path, payload, headers, pair, bounds)
+            self._decode_head(decode, path, payload, headers, pair, bounds, d_span)
         )
         try:
             done, _ = await asyncio.wait(
@@ -394,18 +462,36 @@ class PdProxy:
         return _Failed(side, worker.url, why_)  # a malformed head: another may do better
 
     async def _prefill(
-        self, worker: Worker, path: str, payload: bytes, headers: bytes, pair: Pair
+        self,
+        worker: Worker,
+        path: str,
+        payload: bytes,
+        headers: bytes,
+        pair: Pair,
+        span: tracing.Span = tracing.NO_SPAN,
     ) -> tuple[int, bytes, str] | _Failed:
+        """The prefill's whole reply; its span ends with it (the KV is handed over by then)."""
         try:
-            resp = await self.upstream.post(worker.url, path, headers, payload, self.timeout)
-        except UpstreamError as e:
-            return self._failed(Side.PREFILL, worker, e, pair, sent=False)
-        try:
-            return resp.status, await resp.read(), resp.content_type
-        except UpstreamError as e:
-            return self._failed(Side.PREFILL, worker, e, pair, sent=True)
+            trace = span.trace_lines()
+            try:
+                resp = await self.upstream.post(
+                    worker.url, path, headers, payload, self.timeout, trace
+                )
+            except UpstreamError as e:
+                span.fail(str(e) or type(e).__name__)
+                return self._failed(Side.PREFILL, worker, e, pair, sent=False)
+            span.set("http.response.status_code", resp.status)
+            if resp.status >= 500:
+                span.fail(f"HTTP {resp.status}")
+            try:
+                return resp.status, await resp.read(), resp.content_type
+            except UpstreamError as e:
+                span.fail(str(e) or type(e).__name__)
+                return self._failed(Side.PREFILL, worker, e, pair, sent=True)
+            finally:
+                resp.close()
         finally:
-            resp.close()
+            span.end()
 
     async def _decode_head(
         self,
@@ -415,10 +501,12 @@ class PdProxy:
         headers: bytes,
         pair: Pair,
         bounds: Timeouts,
+        span: tracing.Span = tracing.NO_SPAN,
     ) -> tuple[Response, bytes] | _Failed:
         """The decode's response with its first chunk (a stream) or whole body (otherwise)."""
         try:
-            resp = await self.upstream.post(worker.url, path, headers, payload, bounds)
+            trace = span.trace_lines()
+            resp = await self.upstream.post(worker.url, path, headers, payload, bounds, trace)
         except UpstreamError as e:
             return self._failed(Side.DECODE, worker, e, pair, sent=False)
         try:
@@ -431,6 +519,7 @@ class PdProxy:
                 first = await resp.readany()
             else:
                 first = await resp.read()
+            span.event("first_byte")
         except UpstreamError as e:
             resp.close()
             return self._failed(Side.DECODE, worker, e, pair, sent=True)

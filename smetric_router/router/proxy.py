@@ -24,6 +24,9 @@ from typing import Protocol
 from aiohttp import web
 from multidict import CIMultiDict
 
+from smetric_router.core import tracing
+from smetric_router.core.tracing import AttrValue
+from smetric_router.core.types import RequestFeatures
 from smetric_router.router import api_responses
 from smetric_router.router.api_messages import API_KEY_HEADER, stream_dialect
 from smetric_router.router.auth import upstream_auth_line
@@ -76,17 +79,22 @@ STREAM_CUT: web.RequestKey[bool] = web.RequestKey("smetric_stream_cut", bool)
 # worker gets for Authorization (upstream_auth_line); an Anthropic client's x-api-key is the
 # router's key, never the workers'.
 _NOT_FORWARDED = _HOP_BY_HOP | {"content-encoding", "authorization", API_KEY_HEADER}
+# With --enable-trace the worker gets the router's own trace context (its attempt span), not the
+# client's: the client's is the parent of the router's server span.
+_NOT_FORWARDED_TRACED = _NOT_FORWARDED | {"traceparent", "tracestate"}
 
 
-def _forwarded(name: str) -> bool:
+def _forwarded(name: str, dropped: frozenset[str] = _NOT_FORWARDED) -> bool:
     """Whether a client's request header (lower-case name) goes on to the worker."""
-    return name not in _NOT_FORWARDED and not name.startswith("x-smetric-")
+    return name not in dropped and not name.startswith("x-smetric-")
 
 
-def forward_head(raw: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """The client's request headers that go on to the worker, as HTTP/1.1 header lines."""
+def forward_head(raw: Iterable[tuple[bytes, bytes]], traced: bool = False) -> bytes:
+    """The client's request headers that go on to the worker, as HTTP/1.1 header lines.
+    traced: the router sends its own trace context (upstream.post's `trace`)."""
+    dropped = _NOT_FORWARDED_TRACED if traced else _NOT_FORWARDED
     return b"".join(
-        b"%s: %s\r\n" % (k, v) for k, v in raw if _forwarded(k.lower().decode("latin-1"))
+        b"%s: %s\r\n" % (k, v) for k, v in raw if _forwarded(k.lower().decode("latin-1"), dropped)
     )
 
 
@@ -122,6 +130,54 @@ def hit_headers(routed: Routed) -> dict[str, str]:
     else:
         tier = "gpu" if w.gpu_hit else "none"
     return {HIT_HEADER: f"gpu={w.gpu_hit}; host={w.hit}; l3={l3}", TIER_HEADER: tier}
+
+
+def feature_attributes(features: RequestFeatures) -> dict[str, AttrValue | None]:
+    """The features span's attributes (--enable-trace)."""
+    return {
+        "smetric.prompt_tokens": features.prompt_len,
+        "smetric.pages": len(features.page_hashes),
+        "smetric.turn": features.turn,
+        "smetric.est_hit": features.est_hit,
+        "smetric.session_hint": features.session_hint,
+    }
+
+
+def decision_attributes(
+    routed: Routed, policy: str, prefix: str = "smetric."
+) -> dict[str, AttrValue | None]:
+    """A decision as span attributes (--enable-trace): what the x-smetric-* headers say, and what
+    the policy saw: the request's turn, est_hit and session hint, the chosen worker's load and
+    the mean load of the healthy candidates. prefix: "smetric.decode." for PD's decode side."""
+    d, f, view = routed.decision, routed.features, routed.view
+    chosen = view.worker(d.worker)
+    loads = [w.load for w in view.workers if w.healthy]
+    attrs: dict[str, AttrValue | None] = {
+        prefix + "policy": policy,
+        prefix + "reason": d.reason,
+        prefix + "worker": d.worker,
+        prefix + "candidates": len(loads),
+        prefix + "worker_load": chosen.load if chosen is not None else None,
+        prefix + "mean_load": sum(loads) / len(loads) if loads else None,
+    }
+    if prefix == "smetric.":  # the request's own, once
+        attrs.update(
+            {
+                "smetric.turn": f.turn,
+                "smetric.est_hit": f.est_hit,
+                "smetric.session_hint": f.session_hint,
+            }
+        )
+    if chosen is not None:
+        attrs.update(
+            {
+                prefix + "hit.gpu": chosen.gpu_hit,
+                prefix + "hit.host": chosen.hit,
+                prefix + "hit.l3": "unknown" if chosen.l3_hit is None else chosen.l3_hit,
+                prefix + "tier": hit_headers(routed).get(TIER_HEADER),
+            }
+        )
+    return attrs
 
 
 def local_error(why: str, headers: Mapping[str, str]) -> RouterError:
@@ -188,7 +244,7 @@ class Proxy:
         label: str,
         stream: bool = False,
     ) -> web.StreamResponse:
-        headers = forward_head(request.raw_headers) + upstream_auth_line(request)
+        headers = forward_head(request.raw_headers, tracing.enabled) + upstream_auth_line(request)
         excluded: list[str] = []
         while True:
             worker = self.registry.workers.get(routed.decision.worker)
@@ -201,14 +257,26 @@ class Proxy:
                 # ends: a request routed meanwhile sees them (cluster/inflight.py).
                 hold = self.router.hold(worker.url, routed.features)
                 ran = False  # whether the worker took it (then its KV events are on the way)
+                # one span per attempt, siblings under the request's span
+                attempt = tracing.client_span("upstream", self._attempt_attributes(
+                    worker, path, routed, len(excluded)) if tracing.enabled else None)  # fmt: skip
                 try:
                     bounds = self.timeouts(stream, worker)
-                    sent = await self._send(worker, path, body, headers, last, bounds, routed)
+                    sent = await self._send(
+                        worker, path, body, headers, last, bounds, routed, attempt.trace_lines()
+                    )
                     why, resp = sent
                     if resp is not None:
                         ran = resp.status < 400
-                        return await self._relay(request, worker, resp, routed, started, label)
+                        attempt.set("http.response.status_code", resp.status)
+                        if resp.status >= 500:
+                            attempt.fail(f"HTTP {resp.status}")
+                        return await self._relay(
+                            request, worker, resp, routed, started, label, attempt
+                        )
+                    attempt.fail(why)
                 except asyncio.TimeoutError:
+                    attempt.fail("request timeout")
                     raise RouterError(
                         504,
                         f"worker {worker.url} did not answer within the request timeout",
@@ -216,7 +284,14 @@ class Proxy:
                         code="worker_timeout",
                         headers=decision_headers(routed),
                     ) from None
+                except asyncio.CancelledError:
+                    attempt.set("smetric.cancelled", True)
+                    raise
+                except BaseException as e:
+                    attempt.fail(str(e) or type(e).__name__)
+                    raise
                 finally:
+                    attempt.end()
                     self.router.release(hold, ran=ran)
             if last:
                 raise RouterError(
@@ -230,6 +305,17 @@ class Proxy:
             log.warning("retrying away from %s: %s", routed.decision.worker, why)
             excluded.append(routed.decision.worker)
             routed = self.router.reroute(routed, excluded)
+
+    def _attempt_attributes(
+        self, worker: Worker, path: str, routed: Routed, retries: int
+    ) -> dict[str, AttrValue | None]:
+        return {
+            "http.request.method": "POST",
+            "url.full": worker.url + path,
+            "smetric.worker": worker.url,
+            "smetric.reason": routed.decision.reason,
+            "smetric.retry": retries,  # 0: the first attempt
+        }
 
     def _can_retry(self, routed: Routed, excluded: list[str]) -> bool:
         if len(excluded) >= self.max_retries:
@@ -248,11 +334,12 @@ class Proxy:
         last: bool,
         timeouts: Timeouts,
         routed: Routed,
+        trace: bytes = b"",
     ) -> tuple[str, Response | None]:
         """Open the request; a retryable failure comes back as (why, None)."""
         worker.inflight += 1
         try:
-            resp = await self.upstream.post(worker.url, path, headers, body, timeouts)
+            resp = await self.upstream.post(worker.url, path, headers, body, timeouts, trace)
         except Unreachable as e:
             worker.inflight -= 1
             why = str(e) or type(e).__name__
@@ -294,13 +381,14 @@ class Proxy:
         routed: Routed,
         started: float,
         label: str,
+        span: tracing.Span = tracing.NO_SPAN,
     ) -> web.StreamResponse:
         try:
             headers = CIMultiDict((k, v) for k, v in resp.headers if k.lower() not in DROP_RESPONSE)
             headers.update(decision_headers(routed))
             if resp.content_type == "text/event-stream" and resp.status < 400:
-                return await self._stream(request, worker, resp, headers, started, label)
-            whole = await self._whole(worker, resp, headers, routed, started, label)
+                return await self._stream(request, worker, resp, headers, started, label, span)
+            whole = await self._whole(worker, resp, headers, routed, started, label, span)
             ids = api_responses.rewriter(request, worker.url)  # Responses: ids carry the worker
             if ids is not None and isinstance(whole.body, bytes):
                 whole.body = ids.whole(whole.body)
@@ -317,10 +405,12 @@ class Proxy:
         routed: Routed,
         started: float,
         label: str,
+        span: tracing.Span = tracing.NO_SPAN,
     ) -> web.Response:
         try:
             first = await resp.readany()
             self.metrics.first_byte(label, time.perf_counter() - started)
+            span.event("first_byte")
             body = first + await resp.read() if first else first
         except Stalled as e:
             self.registry.mark_failed(worker, str(e))
@@ -349,6 +439,7 @@ class Proxy:
         headers: CIMultiDict[str],
         started: float,
         label: str,
+        span: tracing.Span = tracing.NO_SPAN,
     ) -> web.StreamResponse:
         # Headers go out at once, so a client sees the stream start before the first token;
         # when that token is already here, they go out with it, in one write.
@@ -358,12 +449,15 @@ class Proxy:
 
         def first() -> None:
             self.metrics.first_byte(label, time.perf_counter() - started)
+            span.event("first_byte")
 
         dialect = stream_dialect(request.path)  # Anthropic's error event on /v1/messages
         ids = api_responses.rewriter(request, worker.url)  # Responses: ids carry the worker
         body: Body = resp if ids is None else api_responses.RewrittenStream(resp, ids)
         cut = await copy_stream(out, body, worker.url, self.metrics, on_first=first, **dialect)
         note_cut(request, self.registry, worker, cut)
+        if cut is not None:
+            span.fail(f"stream cut: {cut or type(cut).__name__}")
         return out
 
 

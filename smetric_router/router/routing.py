@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Any, Protocol, TypeVar
 
 from smetric_router.cluster.inflight import Hold, InflightPrefixes
+from smetric_router.core import tracing
 from smetric_router.core.mooncake_keys import key_prefix
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures, WorkerView
 from smetric_router.features.budget import Budget, Offload, PromptTooLong
@@ -230,6 +231,7 @@ class Router:
                 pass
         off_loop = replace(budget, inline_chars=None)
         loop = asyncio.get_running_loop()
+        run = tracing.in_context(run)  # its spans under this request's (--enable-trace)
         if not chat:  # raw prompts keep no state
             return await loop.run_in_executor(_OFF_LOOP, run, off_loop)
         await self._chat_off_loop.acquire()

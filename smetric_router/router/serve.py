@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from smetric_router.core import tracing
 from smetric_router.core.port_file import bound_port, write_port_file
 from smetric_router.router.api_responses import RESPONSE_ID_KEY_ENV
 from smetric_router.router.auth import describe
@@ -76,6 +77,8 @@ async def serve(
     from smetric_router.router.app import RUNNER_OPTIONS, build_app, metrics_app
     from smetric_router.router.assemble import make_state
 
+    if config.enable_trace:  # before the app: its server-span middleware is added if on
+        tracing.enable(config.otlp_traces_endpoint, config.otlp_service_name)
     state = make_state(config)
     options = {**RUNNER_OPTIONS, "shutdown_timeout": END_BOUND_S}
     runners = [web.AppRunner(build_app(state), **options)]
@@ -161,3 +164,4 @@ async def serve(
             p.wait()
         for r in reversed(runners):
             await r.cleanup()
+        tracing.shutdown()  # the last spans go out

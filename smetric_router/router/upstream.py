@@ -479,9 +479,12 @@ class Upstream:
         headers: bytes,
         body: bytes,
         timeout: float | Timeouts | None,
+        trace: bytes = b"",
     ) -> Response:
         """Send `body` to base + path and wait for the reply's head. headers: forwarded header
-        lines, each ending in CRLF."""
+        lines, each ending in CRLF; trace: the W3C trace-context lines (`traceparent: ...`) of
+        this attempt's span, with --enable-trace (core/tracing.py), so that a worker tracing too
+        puts its spans under it."""
         t = timeout if isinstance(timeout, Timeouts) else Timeouts(timeout)
         target = self._target(base, path)
         loop = asyncio.get_running_loop()
@@ -496,7 +499,7 @@ class Upstream:
         resp = Response(conn, loop, deadline, first_at, t)
         conn.resp = resp
         conn.transport.write(
-            b"%sContent-Length: %d\r\n%s\r\n%s" % (target.prefix, len(body), headers, body)
+            b"%sContent-Length: %d\r\n%s%s\r\n%s" % (target.prefix, len(body), headers, trace, body)
         )
         try:
             await resp.wait_head()
