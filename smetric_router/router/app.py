@@ -14,6 +14,10 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from smetric_router.admission.errors import refusal
+from smetric_router.admission.gate import Gate, Shed, Ticket
+from smetric_router.admission.metrics import AdmissionMetrics
+from smetric_router.admission.room import WorkerRoom, queued
 from smetric_router.cluster.inflight import InflightPrefixes
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.l3_view import EventsL3, L3State, MasterL3
@@ -24,6 +28,7 @@ from smetric_router.features import anthropic_thinking
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
+from smetric_router.policies.turn import resolve_turn
 from smetric_router.router import api_messages, api_responses
 from smetric_router.router.auth import auth_middleware, upstream_auth_header
 from smetric_router.router.config import RouterConfig
@@ -109,6 +114,28 @@ class RouterState:
             feed_batches=self._feed_batches,
         )
         self._timer = SamplerTimer(self.sampler, self.metrics.loop_lag.set)
+        admission = config.admission()
+        # None when off: the request path then checks one attribute and nothing else
+        self.admission = (
+            None
+            if admission is None
+            else Gate(admission, self._worker_rooms, self._admission_metrics)
+        )
+
+    def _admission_metrics(self, gate: Gate) -> AdmissionMetrics:
+        return AdmissionMetrics(self.metrics.registry, lambda: gate.queued, lambda: gate.running)
+
+    def _worker_rooms(self) -> list[WorkerRoom]:
+        """The workers admission weighs (the KV-serving side: prefill under PD, whose reports
+        carry no running batch, so there only the cluster cap applies)."""
+        if self._registry is None:
+            return []
+        now, max_age = time.monotonic(), self._registry.max_load_age
+        role = Role.PREFILL if self.config.pd_disaggregation else Role.WORKER
+        return [
+            WorkerRoom(w.url, w.healthy, queued(w.load(now, max_age), w.running(now, max_age)))
+            for w in self._registry.of_role(role)
+        ]
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -222,6 +249,8 @@ class RouterState:
 
     async def stop(self) -> None:
         await self._timer.stop()
+        if self.admission is not None:
+            await self.admission.close()
         if self.discovery is not None:  # first: it would add workers to a stopping registry
             await self.discovery.stop()
         if self._registry is not None:
@@ -412,8 +441,15 @@ async def _generate(
             stream = body.get("stream") is True
             raw = orjson.dumps(body)
             label = endpoint.value
-            state.metrics.routed(label, api_responses.HOLDER_REASON)
-            return await state.proxy.dispatch(request, label, raw, routed, started, label, stream)
+            ticket = await _admit(state, request, holder.url, follow_up=True)
+            try:
+                state.metrics.routed(label, api_responses.HOLDER_REASON)
+                return await state.proxy.dispatch(
+                    request, label, raw, routed, started, label, stream
+                )
+            finally:
+                if ticket is not None:
+                    ticket.release()
     edited = endpoint is Endpoint.MESSAGES and _drop_thinking(state, body, model)
     try:
         # A Messages or Responses request is routed as the chat request SGLang turns it into;
@@ -447,12 +483,60 @@ async def _generate(
         raise no_worker() from None
     state.metrics.decide_seconds.observe(time.perf_counter() - started)
     label = endpoint.value
-    first = pair.prefill if state.pd is not None else routed
-    state.metrics.routed(label, first.decision.reason)
-    if state.pd is not None:
-        return await state.pd.dispatch(request, endpoint.value, body, pair, started, label)
-    stream = body.get("stream") is True
-    return await state.proxy.dispatch(request, endpoint.value, raw, routed, started, label, stream)
+    ticket = None
+    if state.admission is not None:
+        # Decided first, so a follow-up waits for room on its holder; a first turn waits for
+        # room anywhere. One that waited is decided again on the cluster as it is now: a
+        # follow-up stays with its holder unless the policy would move it anyway.
+        first = pair.prefill if state.pd is not None else routed
+        follow_up = resolve_turn(features, first.view.workers) > 0
+        bound = first.decision.worker if follow_up else None
+        ticket = await _admit(state, request, bound, follow_up)
+        if ticket is not None and ticket.waited_s > 0:
+            with tracing.span("route"):
+                if state.pd is not None:
+                    pair = state.pd.route(features, model, probed, l3)
+                else:
+                    routed = router.route(features, model, probed, l3)
+    try:
+        first = pair.prefill if state.pd is not None else routed
+        state.metrics.routed(label, first.decision.reason)
+        if state.pd is not None:
+            return await state.pd.dispatch(request, endpoint.value, body, pair, started, label)
+        stream = body.get("stream") is True
+        return await state.proxy.dispatch(
+            request, endpoint.value, raw, routed, started, label, stream
+        )
+    finally:
+        if ticket is not None:
+            ticket.release()
+
+
+ADMISSION: web.RequestKey[Ticket] = web.RequestKey("smetric_admission")
+ADMISSION_ORDER_HEADER = "x-smetric-admission-order"
+ADMISSION_WAIT_HEADER = "x-smetric-admission-wait-ms"
+
+
+async def _admit(
+    state: RouterState, request: web.Request, worker: str | None, follow_up: bool
+) -> Ticket | None:
+    """Wait for room (None: admission is off); a refusal is answered 429."""
+    if state.admission is None:
+        return None
+    try:
+        ticket = await state.admission.admit(worker, follow_up)
+    except Shed as e:
+        raise refusal(e, state.admission.config.retry_after) from None
+    request[ADMISSION] = ticket
+    return ticket
+
+
+async def _admission_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Which admission this was and how long it waited, for clients and tests to see the order."""
+    ticket = request.get(ADMISSION)
+    if ticket is not None:
+        response.headers[ADMISSION_ORDER_HEADER] = str(ticket.order)
+        response.headers[ADMISSION_WAIT_HEADER] = str(round(ticket.waited_s * 1000))
 
 
 def _drop_thinking(state: RouterState, body: dict[str, Any], model: str | None) -> bool:
@@ -713,6 +797,8 @@ def build_app(state: RouterState) -> web.Application:
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
+    if state.admission is not None:
+        app.on_response_prepare.append(_admission_headers)
     # every route gets the Expect handler that cannot fail (http_guards)
     guard = expect_continue
     for endpoint in Endpoint:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from smetric_router.admission.gate import AdmissionConfig
 from smetric_router.cluster.inflight import GRACE_S
 from smetric_router.core.flags import Flag, nested, option
 from smetric_router.discovery.pods import BOOTSTRAP_ANNOTATION
@@ -54,6 +55,7 @@ LIMITS = "request limits"
 AGENTS = "coding agents"
 DISCOVERY = "worker discovery"
 TRACING = "tracing"
+ADMISSION = "admission control"
 FLAG_GROUPS = {
     PD: "prefill and decode on separate SGLang instances (as sglang_router)",
     LIFECYCLE: "how the router stops",
@@ -65,6 +67,9 @@ FLAG_GROUPS = {
     RESPONSES: "/v1/responses ids the router hands out name the worker that stores the response, "
     "signed, so previous_response_id, GET and cancel reach it without a table.",
     LIMITS: "what the router refuses (400) before a worker sees it",
+    ADMISSION: "requests wait at the router while the cluster, or their worker, has no room; "
+    "follow-ups of running sessions go first (docs/admission.md). Off unless "
+    "--max-concurrent-requests or --max-queued-requests-per-worker is set",
     AGENTS: "what the router reads from agents' requests",
     DISCOVERY: "workers from Kubernetes pods or a file, added and removed as they come and go, "
     "by the same path as POST/DELETE /workers (flag names as sglang_router's); workers given "
@@ -441,6 +446,56 @@ class RouterConfig:
             group=UPSTREAM,
         ),
     )
+    # Admission (smetric_router/admission/): names as smg's where smg has the flag.
+    max_concurrent_requests: int = option(
+        0,
+        Flag(
+            "--max-concurrent-requests",
+            "requests the router has in flight at once, over all workers; more wait in the "
+            "router queue. 0 = no cap",
+            metavar="N",
+            group=ADMISSION,
+        ),
+    )
+    queue_size: int = option(
+        100,
+        Flag(
+            "--queue-size",
+            "requests that may wait for room at once; past it a request is answered 429 "
+            "(a running session's follow-up instead takes the place of the newest new-session "
+            "request, which gets the 429)",
+            metavar="N",
+            group=ADMISSION,
+        ),
+    )
+    queue_timeout_secs: float = option(
+        60.0,
+        Flag(
+            "--queue-timeout-secs",
+            "longest wait in the router queue; past it the request is answered 429",
+            group=ADMISSION,
+        ),
+    )
+    max_queued_requests_per_worker: int = option(
+        0,
+        Flag(
+            "--max-queued-requests-per-worker",
+            "a worker reporting this many requests waiting (its /v1/loads num_waiting_reqs, "
+            "plus what the router sent it since) takes no more until it drains: its "
+            "follow-ups wait, new sessions go to a worker with room. 0 = not checked",
+            metavar="N",
+            group=ADMISSION,
+        ),
+    )
+    queue_first_turn_ceiling_secs: float = option(
+        5.0,
+        Flag(
+            "--queue-first-turn-ceiling-secs",
+            "a new session's first request that has waited this long goes before follow-ups "
+            "(which otherwise go first), so a stream of follow-ups cannot starve new sessions",
+            group=ADMISSION,
+        ),
+    )
     # Dispatch to the worker's first body byte (queue + prefill; a non-streamed request past it
     # only once its worker also fails health checks), and longest silence between body bytes of
     # a stream; past either the worker is marked failed and the request ends.
@@ -727,6 +782,11 @@ class RouterConfig:
             raise ValueError(
                 f"max_upstream_connections must be >= 0, got {self.max_upstream_connections}"
             )
+        for name in ("max_concurrent_requests", "queue_size", "max_queued_requests_per_worker"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.queue_timeout_secs <= 0 or self.queue_first_turn_ceiling_secs < 0:
+            raise ValueError("queue_timeout_secs must be > 0, queue_first_turn_ceiling_secs >= 0")
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.context_length is not None and self.context_length < 1:
@@ -882,6 +942,18 @@ class RouterConfig:
     @property
     def prefill_policy_name(self) -> str:
         return self.prefill_policy or self.policy
+
+    def admission(self) -> AdmissionConfig | None:
+        """The admission settings; None when admission is off (neither bound set)."""
+        if not self.max_concurrent_requests and not self.max_queued_requests_per_worker:
+            return None
+        return AdmissionConfig(
+            max_concurrent=self.max_concurrent_requests or None,
+            queue_size=self.queue_size,
+            timeout_s=self.queue_timeout_secs,
+            ceiling_s=self.queue_first_turn_ceiling_secs,
+            max_queued_per_worker=self.max_queued_requests_per_worker,
+        )
 
     def worker_specs(self) -> list[WorkerSpec]:
         return (

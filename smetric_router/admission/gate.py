@@ -1,0 +1,180 @@
+"""The asynchronous side of admission: waiters, their futures and the timer that re-checks the
+queue. The order itself is admission/order.py's; the room admission/room.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from smetric_router.admission.metrics import (
+    CANCELLED,
+    DISPLACED,
+    QUEUE_FULL,
+    TIMEOUT,
+    AdmissionMetrics,
+    kind,
+)
+from smetric_router.admission.order import AdmissionQueue, Entry
+from smetric_router.admission.room import RoundRoom, WorkerRoom
+
+# How often a non-empty queue is re-checked against the workers' reports: a worker's room
+# changes with its load polls, which wake nobody.
+RECHECK_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    max_concurrent: int | None  # None: no cluster cap (the queue waits on workers' room alone)
+    queue_size: int
+    timeout_s: float
+    ceiling_s: float  # a first turn's wait after which it goes before follow-ups
+    max_queued_per_worker: int  # 0: workers' queues not checked
+
+    @property
+    def retry_after(self) -> int:
+        """Seconds a refused client is told to wait: the queue's timeout, as a request that
+        waited that long found no room (1 to 60)."""
+        return max(1, min(60, math.ceil(self.timeout_s)))
+
+
+class Shed(Exception):
+    """The request leaves unadmitted (HTTP 429)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class Ticket:
+    """An admitted request's slot; release() exactly once when it ends (extra calls are no-ops)."""
+
+    __slots__ = ("_gate", "_released", "order", "waited_s")
+
+    def __init__(self, gate: Gate, order: int, waited_s: float) -> None:
+        self._gate = gate
+        self._released = False
+        self.order = order  # the nth admission of this router
+        self.waited_s = waited_s
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._gate._release()
+
+
+class Gate:
+    def __init__(
+        self,
+        config: AdmissionConfig,
+        workers: Callable[[], Iterable[WorkerRoom]],
+        metrics: Callable[[Gate], AdmissionMetrics],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.running = 0
+        self._workers = workers
+        self._clock = clock
+        self._queue = AdmissionQueue(config.queue_size, config.timeout_s, config.ceiling_s, clock)
+        self._waiters: dict[int, asyncio.Future[int]] = {}
+        self._admissions = itertools.count(1)
+        self._timer: asyncio.Task[None] | None = None
+        self.metrics = metrics(self)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def admit(self, worker: str | None, follow_up: bool) -> Ticket:
+        """Wait for room for a request bound to `worker` (None: any); raises Shed when it is
+        refused or times out. Cancelling the caller takes its entry out of the queue at once."""
+        started = self._clock()
+        label = kind(follow_up)
+        if not self._queue:  # nothing waits ahead of it
+            room = self._room()
+            if room.fits(worker):
+                return self._admitted(label, queued=False)
+        pushed = self._queue.push(worker, follow_up)
+        if pushed.displaced is not None:
+            self._shed(pushed.displaced, DISPLACED, "a running session's follow-up took its place")
+        entry = pushed.entry
+        if entry is None:
+            self.metrics.shed.labels(QUEUE_FULL, label).inc()
+            raise Shed(QUEUE_FULL, f"the router queue is full ({self.config.queue_size} waiting)")
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters[entry.seq] = fut
+        self._wake()
+        if not fut.done():
+            self._arm()
+        try:
+            order = await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._release()  # admitted just as its client left: hand the slot on
+            elif self._queue.remove(entry):
+                self._waiters.pop(entry.seq, None)
+                self.metrics.shed.labels(CANCELLED, label).inc()
+            raise
+        waited = self._clock() - started
+        self.metrics.admitted.labels(label, "yes").inc()
+        self.metrics.wait.labels(label).observe(waited)
+        return Ticket(self, order, waited)
+
+    def _admitted(self, label: str, queued: bool) -> Ticket:
+        self.running += 1
+        self.metrics.admitted.labels(label, "yes" if queued else "no").inc()
+        self.metrics.wait.labels(label).observe(0.0)
+        return Ticket(self, next(self._admissions), 0.0)
+
+    def _room(self) -> RoundRoom:
+        cap = self.config.max_concurrent
+        return RoundRoom(
+            None if cap is None else cap - self.running,
+            self._workers() if self.config.max_queued_per_worker else (),
+            self.config.max_queued_per_worker,
+        )
+
+    def _release(self) -> None:
+        self.running -= 1
+        if self._queue:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Shed what timed out, then admit in order what fits."""
+        for e in self._queue.expired():
+            waited = self.config.timeout_s
+            self._shed(e, TIMEOUT, f"no room within the queue timeout ({waited:g} s)")
+        if not self._queue:
+            return
+        for e in self._queue.pick(self._room()):
+            fut = self._waiters.pop(e.seq, None)
+            if fut is not None and not fut.done():
+                self.running += 1
+                fut.set_result(next(self._admissions))
+
+    def _shed(self, entry: Entry, reason: str, why: str) -> None:
+        self.metrics.shed.labels(reason, kind(entry.follow_up)).inc()
+        fut = self._waiters.pop(entry.seq, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(Shed(reason, why))
+
+    def _arm(self) -> None:
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.get_running_loop().create_task(self._recheck())
+
+    async def _recheck(self) -> None:
+        while self._queue:
+            due = self._queue.next_event()
+            pause = RECHECK_S if due is None else min(RECHECK_S, max(0.0, due - self._clock()))
+            await asyncio.sleep(pause)
+            self._wake()
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
