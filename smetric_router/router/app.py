@@ -531,7 +531,7 @@ async def _admit(
     return ticket
 
 
-async def _admission_headers(request: web.Request, response: web.StreamResponse) -> None:
+async def admission_headers(request: web.Request, response: web.StreamResponse) -> None:
     """Which admission this was and how long it waited, for clients and tests to see the order."""
     ticket = request.get(ADMISSION)
     if ticket is not None:
@@ -798,7 +798,7 @@ def build_app(state: RouterState) -> web.Application:
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     if state.admission is not None:
-        app.on_response_prepare.append(_admission_headers)
+        app.on_response_prepare.append(admission_headers)
     # every route gets the Expect handler that cannot fail (http_guards)
     guard = expect_continue
     for endpoint in Endpoint:
