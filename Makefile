@@ -12,12 +12,15 @@ SGL_VENV ?= .venv-sglang
 SGL_PY := $(SGL_VENV)/bin/python
 ARGS ?=
 
-.PHONY: run test setup sglang agents flag-docs test-tools
+.PHONY: run test setup sglang agents flag-docs test-tools lint apt-base
 setup: $(VENV)/.installed
 
-# libibverbs1: what Mooncake's native client and mooncake_master (the `mooncake` extra) link against.
-$(VENV)/.installed: pyproject.toml
-	dpkg -s libibverbs1 >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libibverbs1; }
+# libibverbs1: what Mooncake's native client and mooncake_master (the `mooncake` extra) link
+# against, in both environments.
+apt-base:
+	@dpkg -s libibverbs1 >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libibverbs1; }
+
+$(VENV)/.installed: pyproject.toml | apt-base
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,bench,mooncake]'
@@ -35,7 +38,7 @@ sglang: $(SGL_VENV)/.installed
 	$(SGL_PY) -m smetric_router.patches apply
 
 # sglang and mooncake without their CUDA dependencies; the constraint keeps pip from swapping in a
-# CUDA torch. libibverbs1 is what Mooncake's native module links against.
+# CUDA torch.
 $(SGL_VENV)/.installed: sglang_env/requirements.txt sglang_env/constraints.txt pyproject.toml
 	dpkg -s libibverbs1 >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libibverbs1; }
 	python3 -m venv $(SGL_VENV)
@@ -60,14 +63,23 @@ agents/node_modules/.installed: agents/package.json agents/package-lock.json
 # prometheus: promtool checks and unit-tests deploy/monitoring's rules, and a real Prometheus
 # evaluates them and the Grafana dashboard's queries against a real router (tests/monitoring).
 # chromium: headless, it opens the router's /dashboard page in tests/monitoring.
+# After apt-base: two apt runs at once would fight over dpkg's lock.
 TEST_TOOLS := kubectl:kubectl promtool:prometheus chromium:chromium
-test-tools:
+test-tools: apt-base
 	@missing=; for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
-test: setup sglang agents test-tools
+lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+
+# The environments, the agents and the Debian tools are made side by side, and lint runs while
+# .venv-sglang installs; then the suite. compileall: where PYTHONDONTWRITEBYTECODE is set (as on
+# these machines) nothing writes the project's bytecode, and each of the hundreds of processes the
+# suite starts would compile its modules again.
+test:
+	$(MAKE) --no-print-directory -j4 --output-sync=target lint sglang agents test-tools
+	$(PY) -m compileall -q smetric_router tests benchmarks
 	SMETRIC_REQUIRE_SGLANG=1 SMETRIC_REQUIRE_SHARED=1 SMETRIC_REQUIRE_AGENTS=1 SMETRIC_REQUIRE_DEPLOY=1 \
 		SMETRIC_REQUIRE_PROMETHEUS=1 SMETRIC_REQUIRE_CHROMIUM=1 $(PY) -m pytest

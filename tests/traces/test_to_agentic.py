@@ -76,9 +76,11 @@ def test_cli_on_a_generated_trace(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     generate(GenConfig(sessions=12, seed=3), trace)
     out = tmp_path / "conv.json"
-    main([str(trace), "--out", str(out), "--tokens-per-block", "2", "--max-turns", "4"])
+    main([str(trace), "--out", str(out), "--tokens-per-block", "2", "--max-turns", "4",
+          "--conversations", "24"])  # fmt: skip
     doc = json.loads(out.read_text())
     assert doc["metadata"]["source"] == str(trace) and doc["metadata"]["format"] == "bailian"
+    assert len(doc["conversations"]) == 24
     # what sglang.benchmark.datasets.agentic_trace reads: a list of turns of role/content messages
     for conv in doc["conversations"]:
         assert 1 <= len(conv) <= 4
