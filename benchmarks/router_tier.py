@@ -1,7 +1,7 @@
 """The router tier: router replicas behind a TCP load balancer (HAProxy) versus one router.
 
     python -m benchmarks.router_tier              # 3 workers, 3 replicas, ~2 min of wall time
-    python -m benchmarks.router_tier --smoke      # 2 workers, 2 replicas, a few sessions (the test's)
+    python -m benchmarks.router_tier --smoke      # 2 workers, 2 replicas, 6 sessions (the test's)
 
 One set of emulated workers (the launcher's, `smetric_router.launch`). Phase `one`: a single router
 in front of them. Phase `tier`: `--replicas` router processes on their own free ports (separate
@@ -45,6 +45,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -56,7 +57,9 @@ from smetric_router.launch import ClusterSpec, Stack, WorkerSpec, free_port, rou
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STICKY = ("sticky", "sticky-l3")
-HAPROXY_HINT = "haproxy not found: install it (Debian: apt-get install -y haproxy, or make test-tools)"
+HAPROXY_HINT = (
+    "haproxy not found: install it (Debian: apt-get install -y haproxy, or make test-tools)"
+)
 SYSTEM_PROMPT = (
     "You are a coding agent. You read files, run tools and edit code until the task is done. "
     "Answer with one tool call or a short explanation. "
@@ -130,6 +133,7 @@ class Phase:
             "followups": len(pairs),
             "sticky_share": sum(f.reason in STICKY for _, f in pairs) / n,
             "same_worker_share": sum(p.worker == f.worker for p, f in pairs) / n,
+            "followup_reasons": dict(Counter(f.reason for _, f in pairs)),
             "ttft_p50_ms": 1000 * _pct(ttft, 0.5),
             "ttft_p90_ms": 1000 * _pct(ttft, 0.9),
             "wall_s": self.wall_s,
@@ -243,8 +247,9 @@ def haproxy_servers(stats_url: str) -> dict[str, dict[str, str]]:
     if status != 200:
         return {}
     text = body.decode().lstrip("# ")
-    return {row["svname"]: row for row in csv.DictReader(io.StringIO(text))
-            if row["pxname"] == "routers" and row["svname"] not in ("FRONTEND", "BACKEND")}  # fmt: skip
+    rows = csv.DictReader(io.StringIO(text))
+    skip = ("FRONTEND", "BACKEND")
+    return {r["svname"]: r for r in rows if r["pxname"] == "routers" and r["svname"] not in skip}
 
 
 # --- load ---------------------------------------------------------------------------------------
@@ -258,7 +263,7 @@ async def _one(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
                ) -> tuple[float, str, str, str]:  # fmt: skip
     """(ttft_s, worker, reason, reply text) of one streamed chat completion."""
     t0 = time.monotonic()
-    ttft, text = 0.0, []
+    ttft, text, done = 0.0, [], False
     async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}")
@@ -266,12 +271,15 @@ async def _one(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
         reason = resp.headers.get("x-smetric-reason", "")
         async for raw in resp.content:
             line = raw.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
+            done = done or line == b"data: [DONE]"
+            if not line.startswith(b"data:") or done:
                 continue
             if not ttft:
                 ttft = time.monotonic() - t0
             for c in json.loads(line[5:]).get("choices") or []:
                 text.append((c.get("delta") or {}).get("content") or "")
+    if not done:  # a connection cut mid-stream can end the body without a transport error
+        raise RuntimeError("stream ended before [DONE]")
     return ttft, worker, reason, "".join(text)
 
 
@@ -291,7 +299,7 @@ async def session(http: aiohttp.ClientSession, url: str, model: str, setup: Setu
             try:
                 ttft, worker, reason, text = await _one(http, url, body)
             except (aiohttp.ClientError, RuntimeError, asyncio.TimeoutError, ValueError) as e:
-                out.append(Req(sid, turn, start, False, error=type(e).__name__ + f": {e}"[:80],
+                out.append(Req(sid, turn, start, False, error=f"{type(e).__name__}: {e}"[:100],
                                retry=retry))  # fmt: skip
                 if retry:
                     return
@@ -397,6 +405,13 @@ def restarter(rep: Proc, port: int, stats: str, kill_after_s: float) -> Any:
     def run(t0: float) -> dict[str, float]:
         time.sleep(max(0.0, t0 + kill_after_s - time.monotonic()))
         ev: dict[str, float] = {}
+        # the cost is in the requests it holds: kill it while it serves one (at most 5 s later)
+        until = time.monotonic() + 5
+        while time.monotonic() < until:
+            ev["in_flight"] = float(haproxy_servers(stats).get("r0", {}).get("scur") or 0)
+            if ev["in_flight"]:
+                break
+            time.sleep(0.02)
         rep.kill(signal.SIGKILL)
         ev["killed"] = time.monotonic() - t0
         rep.start()  # at once on its port, as a kubelet restarts the container
@@ -460,9 +475,9 @@ def report(setup: Setup, phases: dict[str, Phase], out: Path, png: Path | None) 
     lines = [
         "# The router tier: replicas behind HAProxy versus one router",
         "",
-        "`python -m benchmarks.router_tier` (benchmarks/router_tier.py). One run on a shared 2-core "
-        "machine; times are modelled (emulated H20 workers, Qwen3-Coder-30B-A3B profile, in real "
-        "time) plus this machine's Python overheads, not GPU measurements.",
+        "`python -m benchmarks.router_tier` (benchmarks/router_tier.py). One run on a shared "
+        "2-core machine; times are modelled (emulated H20 workers, Qwen3-Coder-30B-A3B profile, "
+        "in real time) plus this machine's Python overheads, not GPU measurements.",
         "",
         f"Setup: {setup.workers} emulated workers; {setup.sessions} agent sessions of "
         f"{setup.turns} turns (a shared system prompt, a {setup.task_words}-word task, then "
@@ -485,6 +500,10 @@ def report(setup: Setup, phases: dict[str, Phase], out: Path, png: Path | None) 
                 f"{x['sticky_share']:.1%} | {x['same_worker_share']:.1%} | "
                 f"{x['ttft_p50_ms']:.0f} | {x['ttft_p90_ms']:.0f} |"
             )
+    reasons = "; ".join(f"{label}: " + ", ".join(f"{k} {v}" for k, v in
+                                                 sorted(s[key]["followup_reasons"].items()))
+                        for key, label in rows if key in s)  # fmt: skip
+    lines += ["", f"Follow-ups by the router's decision (x-smetric-reason): {reasons}."]
     if "tier" in s:
         per = ", ".join(f"{k}: {v}" for k, v in sorted(s["tier"]["per_replica"].items()))
         lines += ["", f"Connections per replica (HAProxy's counters) in the tier run: {per}."]
@@ -492,15 +511,17 @@ def report(setup: Setup, phases: dict[str, Phase], out: Path, png: Path | None) 
         x, ev = s["restart"], s["restart"]["events"]
 
         def since(k: str) -> str:
-            return f"{ev[k] - ev['killed']:.1f} s" if k in ev and "killed" in ev else "not seen"
+            return f"{ev[k] - ev['killed']:.2f} s" if k in ev and "killed" in ev else "not seen"
 
         lines += [
             "",
             "## A replica's restart",
             "",
             f"{setup.restart_sessions} sessions through the tier; replica r0 killed with SIGKILL "
-            f"{setup.kill_after_s:g} s in and started again at once on its port (as a kubelet "
-            "restarts a crashed container). A client retries a failed request once after 0.2 s.",
+            f"{ev.get('killed', 0):.1f} s in, the first moment after {setup.kill_after_s:g} s that "
+            f"it held a connection ({ev.get('in_flight', 0):.0f} then, HAProxy's `scur`), and "
+            "started again at once on its port (as a kubelet restarts a crashed container). A "
+            "client retries a failed request once after 0.2 s.",
             "",
             f"- requests: {x['requests']} ({x['answered']} answered); failed attempts: "
             f"{x['failed']}, of which still failing on their retry: {x['failed_after_retry']}",
@@ -547,6 +568,8 @@ def plot(phases: dict[str, Phase], png: Path) -> None:
         ax.hist([ok, bad], bins=bins, stacked=True, label=["answered", "failed"],
                 color=["tab:blue", "tab:red"])  # fmt: skip
         for k, v in p.events.items():
+            if k == "in_flight":
+                continue
             ax.axvline(v, linestyle="--", color="gray")
             ax.text(v, ax.get_ylim()[1] * 0.9, k, rotation=90, va="top")
         ax.set_xlabel("request start (s)")
