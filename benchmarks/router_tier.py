@@ -1,7 +1,7 @@
 """The router tier: router replicas behind a TCP load balancer (HAProxy) versus one router.
 
     python -m benchmarks.router_tier              # 3 workers, 3 replicas, ~2 min of wall time
-    python -m benchmarks.router_tier --smoke      # 2 workers, 2 replicas, 6 sessions (the test's)
+    python -m benchmarks.router_tier --smoke      # 2 workers, 2 replicas, 14 sessions (the test's)
 
 One set of emulated workers (the launcher's, `smetric_router.launch`). Phase `one`: a single router
 in front of them. Phase `tier`: `--replicas` router processes on their own free ports (separate
@@ -85,8 +85,9 @@ class Setup:
     seed: int = 1
 
 
+# the test's: a few sessions, and a restart while 8 more run
 SMOKE = replace(Setup(), workers=2, replicas=2, sessions=6, turns=3, rate=4.0, task_words=200,
-                result_words=60, restart_sessions=0)  # fmt: skip
+                result_words=60, restart_sessions=8, kill_after_s=1.0)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -588,12 +589,14 @@ def main(argv: list[str] | None = None) -> dict[str, Phase]:
     p.add_argument("--sessions", type=int, help="sessions per phase")
     p.add_argument("--rate", type=float, help="sessions per second")
     p.add_argument("--restart-sessions", type=int, help="sessions of the restart phase (0: none)")
+    p.add_argument("--kill-after", type=float, dest="kill_after_s",
+                   help="restart phase: seconds before the replica is killed")  # fmt: skip
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--work-dir", type=Path, help="logs and HAProxy's config (default: a temp dir)")
     p.add_argument("--no-plot", action="store_true")
     a = p.parse_args(argv)
     setup = SMOKE if a.smoke else Setup()
-    for k in ("replicas", "sessions", "rate", "restart_sessions"):
+    for k in ("replicas", "sessions", "rate", "restart_sessions", "kill_after_s"):
         if getattr(a, k) is not None:
             setup = replace(setup, **{k: getattr(a, k)})
     haproxy_binary()
