@@ -63,8 +63,10 @@ agents/node_modules/.installed: agents/package.json agents/package-lock.json
 # prometheus: promtool checks and unit-tests deploy/monitoring's rules, and a real Prometheus
 # evaluates them and the Grafana dashboard's queries against a real router (tests/monitoring).
 # chromium: headless, it opens the router's /dashboard page in tests/monitoring.
+# haproxy: the router tier benchmark's load balancer, in front of router replicas
+# (tests/benchmarks/test_router_tier.py).
 # After apt-base: two apt runs at once would fight over dpkg's lock.
-TEST_TOOLS := kubectl:kubectl promtool:prometheus chromium:chromium
+TEST_TOOLS := kubectl:kubectl promtool:prometheus chromium:chromium haproxy:haproxy
 test-tools: apt-base
 	@missing=; for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
