@@ -107,6 +107,8 @@ class FeedState:
     stalls: int = 0
     reconnects: int = 0
     refused: bool = False
+    # the first connection's warm start is done: the view holds what the worker still buffered
+    warmed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +202,7 @@ class KvEventFeed:
         self.events_enabled: bool | None = None
         self.connected = False
         self.refused = False
+        self.warmed = False
         self.last_seq = -1
         self.batches_applied = 0
         self.gaps_recovered = 0
@@ -232,6 +235,7 @@ class KvEventFeed:
             stalls=self.stalls,
             reconnects=self.reconnects,
             refused=self.refused,
+            warmed=self.warmed,
         )
 
     def start(self) -> None:
@@ -366,6 +370,7 @@ class KvEventFeed:
                     self._went_up()
                     if self.last_seq < 0:
                         await self._warm()
+                    self.warmed = True
             if sub in ready:
                 last_live = time.monotonic()
                 await self._drain_live(sub)

@@ -61,7 +61,7 @@ from smetric_router.router.routing import (
     TextTree,
 )
 from smetric_router.router.upstream import Upstream
-from smetric_router.router.workers import Role, WorkerRegistry, WorkerSpec, normalize_url
+from smetric_router.router.workers import Role, Worker, WorkerRegistry, WorkerSpec, normalize_url
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ class RouterState:
         self._upstream: Upstream | None = None
         self.pd: PdProxy | None = None  # set under PD disaggregation
         self.discovery: Discovery | None = None  # --service-discovery, --discovery-provider
+        self.started_at = time.monotonic()
         self.metrics = RouterMetrics(self.sample_workers, self.sample_l3 if l3 else None)
         # /dashboard's per-second history (router/dashboard.py)
         self.sampler = Sampler(
@@ -159,6 +160,7 @@ class RouterState:
 
     async def start(self) -> None:
         c = self.config
+        self.started_at = time.monotonic()
         # Many concurrent streams: no pool cap per worker; the overall cap guards file descriptors.
         connector = aiohttp.TCPConnector(limit=8192, limit_per_host=0, keepalive_timeout=60)
         self._session = aiohttp.ClientSession(
@@ -609,20 +611,39 @@ async def handle_health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "pid": os.getpid()}, dumps=_dumps)
 
 
+# A replica that has just started knows no worker's cache until each KV-event feed has replayed
+# what its worker still buffers; ready before that, a balancer would send it follow-ups it places
+# as first turns. It waits for that warm start, but only this long after its start: a feed that
+# cannot connect must not keep every replica of a tier out of its balancer.
+KV_WARM_WAIT_S = 15.0
+
+
+def _warming(state: RouterState, workers: list[Worker]) -> int:
+    """Healthy workers whose KV-event feed has not finished its first warm start."""
+    if state.kv_feeds is None or time.monotonic() - state.started_at > KV_WARM_WAIT_S:
+        return 0
+    feeds = [state.kv_feeds.stats(w.url) for w in workers]
+    return sum(f is not None and f.events_enabled is not False and not f.warmed for f in feeds)
+
+
 async def handle_readiness(request: web.Request) -> web.Response:
     state = request.app[STATE]
     workers = state.registry.healthy()
+    body: dict[str, Any] = {"status": "ready", "healthy_workers": len(workers)}
     if state.drain.draining:  # a balancer takes this replica out while it drains
-        body = {"status": "draining", "healthy_workers": len(workers)}
+        body["status"] = "draining"
         return web.json_response(body, status=503, dumps=_dumps)
     # Under PD a request needs both sides.
     needed = [Role.PREFILL, Role.DECODE] if state.pd is not None else [Role.WORKER]
     ready = all(any(w.role is r for w in workers) for r in needed)
-    return web.json_response(
-        {"status": "ready" if ready else "not ready", "healthy_workers": len(workers)},
-        status=200 if ready else 503,
-        dumps=_dumps,
-    )
+    warming = _warming(state, workers) if ready else 0
+    if not ready:
+        body["status"] = "not ready"
+    elif warming:
+        body["status"] = "warming KV views"
+        body["warming_workers"] = warming
+    ok = ready and not warming
+    return web.json_response(body, status=200 if ok else 503, dumps=_dumps)
 
 
 async def handle_metrics(request: web.Request) -> web.Response:

@@ -108,11 +108,12 @@ async def test_end_to_end_warm_start_live_events_and_tiers(
     pub.publish([stored([1, 2], None)])  # before the feed exists: reached through the replay
     index = KvIndex()
     feed = KvEventFeed(w.url, index, config=CONFIG)
+    assert not feed.state().warmed
     feed.start()
     try:
-        await eventually(
-            lambda: hits(index, w.url, [1, 2, 3]) == (2 * PAGE, 2 * PAGE), "warm start"
-        )
+        # warmed (what readiness waits for) only once the buffered pages are in the view
+        await eventually(lambda: feed.state().warmed, "warm start")
+        assert hits(index, w.url, [1, 2, 3]) == (2 * PAGE, 2 * PAGE)
         assert feed.events_enabled and feed.connected and feed.state().block_size == PAGE
         await following(feed, pub, index)
         pub.publish([stored([3], 2, CPU_PINNED)])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import aiohttp
 
 from smetric_router.core.types import RequestFeatures
+from smetric_router.router.app import KV_WARM_WAIT_S
 from tests.helpers.polling import eventually
 from tests.router.conftest import MakeRouter, MakeWorker
 from tests.router.fakes import free_port
@@ -183,3 +186,49 @@ async def test_reported_running_batch_fills_the_view(
     registry.workers[a.url].reported_at -= 10 * registry.max_load_age
     view = router.state.router.snapshot(features, None)
     assert {v.url: v.running for v in view.workers} == {a.url: None, b.url: 3}
+
+
+@dataclass
+class _Feed:
+    events_enabled: bool | None = True
+    warmed: bool = False
+
+
+@dataclass
+class _Feeds:
+    """The KV-event feeds as readiness reads them: each worker's events_enabled and warmed."""
+
+    by_url: dict[str, _Feed] = field(default_factory=dict)
+
+    def stats(self, url: str) -> _Feed | None:
+        return self.by_url.get(url)
+
+    async def stop(self) -> None:
+        return None
+
+
+async def test_readiness_waits_for_the_kv_views_warm_start_for_a_bounded_time(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    a, b = await make_worker("a"), await make_worker("b")
+    router = await make_router([a.url, b.url])
+    feeds = _Feeds({a.url: _Feed(warmed=True), b.url: _Feed(warmed=False)})
+    router.state.kv_feeds = feeds  # type: ignore[assignment]
+
+    async def readiness() -> tuple[int, dict[str, object]]:
+        async with aiohttp.ClientSession() as s, s.get(router.url + "/readiness") as resp:
+            return resp.status, await resp.json()
+
+    assert await readiness() == (
+        503, {"status": "warming KV views", "healthy_workers": 2, "warming_workers": 1}
+    )  # fmt: skip
+    feeds.by_url[b.url].warmed = True
+    assert await readiness() == (200, {"status": "ready", "healthy_workers": 2})
+    # a worker without KV events has no view to warm
+    feeds.by_url[b.url] = _Feed(events_enabled=False)
+    assert (await readiness())[0] == 200
+    # a feed that never warms keeps the replica out only for a while after its start
+    feeds.by_url[b.url] = _Feed(warmed=False)
+    assert (await readiness())[0] == 503
+    router.state.started_at -= KV_WARM_WAIT_S + 1
+    assert await readiness() == (200, {"status": "ready", "healthy_workers": 2})
