@@ -69,7 +69,7 @@ async def test_a_failing_holder_is_opened_then_probed_and_closed(
     assert f'smetric_decisions_total{{reason="breaker-open",worker="{served}"}} 1.0' in text
 
     async def half_open() -> bool:
-        return (await circuit(url, held))["state"] == "half-open"
+        return bool((await circuit(url, held))["state"] == "half-open")
 
     await eventually(half_open, "the holder's circuit half-open after its cool-down")
     assert f'smetric_breaker_state{{worker="{held}"}} 1.0' in await metrics(url)
