@@ -27,6 +27,9 @@ class Reason(str, Enum):
     # rendezvous choice of the client's session hint among the workers at or below the mean
     # load) instead of the least loaded one (policies/smetric.py, session_home.py).
     SESSION_HINT_FALLBACK = "session-hint-fallback"
+    # A follow-up whose holder's circuit is open went elsewhere, as if its history were evicted
+    # (smetric_router/breaker/): the holder answers /health but its requests keep failing.
+    BREAKER_OPEN = "breaker-open"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,8 @@ class WorkerView:
         waiting queue); None when unknown (no fresh report) and for PD instances, whose load
         signal is tokens, not requests.
     text_match / text_tree_size: the approximate text tree of the `cache_aware` baseline (chars).
+    breaker_open: the worker's circuit takes no request now (open, or half-open with its probes
+        all in flight; smetric_router/breaker/), though it may pass its health checks.
     """
 
     url: str
@@ -83,6 +88,11 @@ class WorkerView:
     text_match: int = 0
     text_tree_size: int = 0
     running: int | None = None
+    breaker_open: bool = False
+
+    @property
+    def usable(self) -> bool:
+        return self.healthy and not self.breaker_open
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +109,8 @@ class ClusterView:
     entropy: int = 0
 
     def healthy(self) -> tuple[WorkerView, ...]:
-        return tuple(w for w in self.workers if w.healthy)
+        """The candidates: healthy workers whose circuit takes requests."""
+        return tuple(w for w in self.workers if w.usable)
 
     def worker(self, url: str) -> WorkerView | None:
         return next((w for w in self.workers if w.url == url), None)

@@ -40,7 +40,8 @@ class SMetric:
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)
         hint = features.session_hint
-        if resolve_turn(features, workers) == 0:
+        # A holder whose circuit is open still tells a follow-up from a first turn.
+        if resolve_turn(features, [w for w in view.workers if w.healthy]) == 0:
             if hint is not None:
                 low = min(w.load for w in workers)
                 tie = low + 1e-9 * max(1.0, abs(low))  # as least_load's ties
@@ -72,8 +73,10 @@ class SMetric:
             fetchable = l3 is not None and l3 > p.hit_ratio * features.est_hit
             if p.l3_aware and best_hit > 0 and fetchable:
                 return Decision(target.url, Reason.STICKY_L3.value)
-            return self._fallback(workers, features, hint, mean_load, limit, view.tick,
-                                  Reason.EVICTED_FALLBACK)  # fmt: skip
+            held = p.hit_ratio * features.est_hit
+            shut = any(w.healthy and w.breaker_open and w.hit > held for w in view.workers)
+            reason = Reason.BREAKER_OPEN if shut else Reason.EVICTED_FALLBACK
+            return self._fallback(workers, features, hint, mean_load, limit, view.tick, reason)
         return Decision(target.url, Reason.STICKY.value)
 
     @staticmethod
@@ -92,12 +95,15 @@ class SMetric:
         where its next follow-ups will find this request's cache: a bound of the mean, not the
         sticky guard's OVERLOAD x mean, as moving costs the history's prefill anyway, so the move
         should not also buy a queue (the looser bound lost up to 1% TPS within SLO in the
-        simulator without cache pressure)."""
+        simulator without cache pressure). A holder's open circuit keeps its reason with a hint
+        too: that the worker is failing matters more to whoever reads the headers."""
         if hint is None:
             fit = [w for w in workers if w.load <= limit]
             return Decision(least_recompute(fit, features, tick).url, reason.value)
         chosen = home(hint, [w for w in workers if w.load <= mean])
-        return Decision(chosen.url, Reason.SESSION_HINT_FALLBACK.value)
+        if reason is not Reason.BREAKER_OPEN:
+            reason = Reason.SESSION_HINT_FALLBACK
+        return Decision(chosen.url, reason.value)
 
 
 @register("smetric")

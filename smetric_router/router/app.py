@@ -18,6 +18,8 @@ from smetric_router.admission.errors import refusal
 from smetric_router.admission.gate import Gate, Shed, Ticket
 from smetric_router.admission.metrics import AdmissionMetrics
 from smetric_router.admission.room import WorkerRoom, queued
+from smetric_router.breaker.board import Breakers
+from smetric_router.breaker.metrics import BreakerMetrics
 from smetric_router.cluster.inflight import InflightPrefixes
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.l3_view import EventsL3, L3State, MasterL3
@@ -181,6 +183,9 @@ class RouterState:
             on_removed=self._worker_removed,
             headers=c.worker_headers(),
         )
+        breaker = c.breaker()
+        if breaker is not None:
+            self._registry.breakers = Breakers(breaker, BreakerMetrics(self.metrics.registry))
         if c.pd_disaggregation:
             # The prefill side is where KV reuse pays: it gets the hits and the text tree.
             policy = make_policy(c.prefill_policy_name, c.prefill_params())
@@ -721,7 +726,7 @@ async def handle_add_worker(request: web.Request) -> web.Response:
     except RouterError as e:
         return e.response()
     now = time.monotonic()
-    return web.json_response({"worker": w.describe(now, state.registry.max_load_age)}, dumps=_dumps)
+    return web.json_response({"worker": state.registry.describe_one(w, now)}, dumps=_dumps)
 
 
 def _worker_spec(body: dict[str, Any], pd: bool) -> WorkerSpec:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from smetric_router.admission.gate import AdmissionConfig
+from smetric_router.breaker.state import BreakerConfig
 from smetric_router.cluster.inflight import GRACE_S
 from smetric_router.core.flags import Flag, nested, option
 from smetric_router.discovery.pods import BOOTSTRAP_ANNOTATION
@@ -56,6 +57,7 @@ AGENTS = "coding agents"
 DISCOVERY = "worker discovery"
 TRACING = "tracing"
 ADMISSION = "admission control"
+BREAKER = "circuit breaking"
 FLAG_GROUPS = {
     PD: "prefill and decode on separate SGLang instances (as sglang_router)",
     LIFECYCLE: "how the router stops",
@@ -70,6 +72,12 @@ FLAG_GROUPS = {
     ADMISSION: "requests wait at the router while the cluster, or their worker, has no room; "
     "follow-ups of running sessions go first (docs/admission.md). Off unless "
     "--max-concurrent-requests or --max-queued-requests-per-worker is set",
+    BREAKER: "a worker whose requests keep failing (refused connections, 5xx, timeouts, "
+    "broken streams; not 4xx, not clients that go away) takes no new requests for a cool-down, "
+    "then a few real requests as probes; separate from the health check: a worker can pass "
+    "/health and still be open (docs/production.md#circuit-breaking). On by default with "
+    "smg's defaults: ten failures in a row are rare on a worker that works, and retries would "
+    "otherwise pay a failed round trip to it on every request until it recovers",
     AGENTS: "what the router reads from agents' requests",
     DISCOVERY: "workers from Kubernetes pods or a file, added and removed as they come and go, "
     "by the same path as POST/DELETE /workers (flag names as sglang_router's); workers given "
@@ -496,6 +504,80 @@ class RouterConfig:
             group=ADMISSION,
         ),
     )
+    # Circuit breaking (smetric_router/breaker/): names as smg's where smg has the flag.
+    disable_circuit_breaker: bool = option(
+        False,
+        Flag(
+            "--disable-circuit-breaker",
+            "never open a worker's circuit: only the health check excludes workers",
+            group=BREAKER,
+        ),
+    )
+    cb_failure_threshold: int = option(
+        10,
+        Flag(
+            "--cb-failure-threshold",
+            "failures in a row that open a worker's circuit",
+            metavar="N",
+            group=BREAKER,
+        ),
+    )
+    cb_success_threshold: int = option(
+        3,
+        Flag(
+            "--cb-success-threshold",
+            "probe successes in a row that close a half-open circuit (a probe failure opens it "
+            "again)",
+            metavar="N",
+            group=BREAKER,
+        ),
+    )
+    cb_timeout_duration_secs: float = option(
+        60.0,
+        Flag(
+            "--cb-timeout-duration-secs",
+            "cool-down of an open circuit: no requests go to the worker for this long, then it "
+            "turns half-open",
+            group=BREAKER,
+        ),
+    )
+    cb_window_duration_secs: float = option(
+        120.0,
+        Flag(
+            "--cb-window-duration-secs",
+            "the window --cb-failure-ratio is measured over",
+            group=BREAKER,
+        ),
+    )
+    # Off by default, as smg has no ratio rule: SGLang answers some malformed requests with a
+    # 500, so a share of failures can come from clients, while a run of them in a row does not.
+    cb_failure_ratio: float = option(
+        0.0,
+        Flag(
+            "--cb-failure-ratio",
+            "also open a circuit once failures reach this share of a worker's outcomes within "
+            "--cb-window-duration-secs (from --cb-min-requests outcomes on). 0 = off",
+            group=BREAKER,
+        ),
+    )
+    cb_min_requests: int = option(
+        20,
+        Flag(
+            "--cb-min-requests",
+            "outcomes within the window before --cb-failure-ratio applies",
+            metavar="N",
+            group=BREAKER,
+        ),
+    )
+    cb_half_open_max_requests: int = option(
+        1,
+        Flag(
+            "--cb-half-open-max-requests",
+            "probes in flight at once on a half-open worker; other requests go elsewhere",
+            metavar="N",
+            group=BREAKER,
+        ),
+    )
     # Dispatch to the worker's first body byte (queue + prefill; a non-streamed request past it
     # only once its worker also fails health checks), and longest silence between body bytes of
     # a stream; past either the worker is marked failed and the request ends.
@@ -787,6 +869,7 @@ class RouterConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.queue_timeout_secs <= 0 or self.queue_first_turn_ceiling_secs < 0:
             raise ValueError("queue_timeout_secs must be > 0, queue_first_turn_ceiling_secs >= 0")
+        self.breaker()  # so that a bad circuit flag stops the start, not the first request
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.context_length is not None and self.context_length < 1:
@@ -953,6 +1036,20 @@ class RouterConfig:
             timeout_s=self.queue_timeout_secs,
             ceiling_s=self.queue_first_turn_ceiling_secs,
             max_queued_per_worker=self.max_queued_requests_per_worker,
+        )
+
+    def breaker(self) -> BreakerConfig | None:
+        """The circuit settings; None with --disable-circuit-breaker."""
+        if self.disable_circuit_breaker:
+            return None
+        return BreakerConfig(
+            failure_threshold=self.cb_failure_threshold,
+            success_threshold=self.cb_success_threshold,
+            open_s=self.cb_timeout_duration_secs,
+            window_s=self.cb_window_duration_secs,
+            failure_ratio=self.cb_failure_ratio,
+            min_requests=self.cb_min_requests,
+            half_open_max=self.cb_half_open_max_requests,
         )
 
     def worker_specs(self) -> list[WorkerSpec]:

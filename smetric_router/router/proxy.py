@@ -24,6 +24,8 @@ from typing import Protocol
 from aiohttp import web
 from multidict import CIMultiDict
 
+from smetric_router.breaker.board import UNTRACKED
+from smetric_router.breaker.state import Pass, Verdict
 from smetric_router.core import tracing
 from smetric_router.core.tracing import AttrValue
 from smetric_router.core.types import RequestFeatures
@@ -250,9 +252,13 @@ class Proxy:
             worker = self.registry.workers.get(routed.decision.worker)
             # On the last try a worker's own 5xx goes back to the client as it is.
             last = not self._can_retry(routed, excluded)
+            passed = None if worker is None else self._pass(worker.url, last)
             if worker is None:  # removed while an earlier try was in flight
                 why = "removed"
+            elif passed is None:  # its circuit opened, or its probes filled, since the decision
+                why = "circuit open"
             else:
+                verdict = Verdict()
                 # Its pages count as held there from now (no await since the decision) until it
                 # ends: a request routed meanwhile sees them (cluster/inflight.py).
                 hold = self.router.hold(worker.url, routed.features)
@@ -263,8 +269,9 @@ class Proxy:
                 try:
                     bounds = self.timeouts(stream, worker)
                     sent = await self._send(
-                        worker, path, body, headers, last, bounds, routed, attempt.trace_lines()
-                    )
+                        worker, path, body, headers, last, bounds, routed, verdict,
+                        attempt.trace_lines(),
+                    )  # fmt: skip
                     why, resp = sent
                     if resp is not None:
                         ran = resp.status < 400
@@ -272,10 +279,11 @@ class Proxy:
                         if resp.status >= 500:
                             attempt.fail(f"HTTP {resp.status}")
                         return await self._relay(
-                            request, worker, resp, routed, started, label, attempt
+                            request, worker, resp, routed, started, label, verdict, attempt
                         )
                     attempt.fail(why)
                 except asyncio.TimeoutError:
+                    verdict.failed()
                     attempt.fail("request timeout")
                     raise RouterError(
                         504,
@@ -293,6 +301,8 @@ class Proxy:
                 finally:
                     attempt.end()
                     self.router.release(hold, ran=ran)
+                    if self.registry.breakers is not None:
+                        self.registry.breakers.record(worker.url, passed, verdict.outcome)
             if last:
                 raise RouterError(
                     502,
@@ -322,8 +332,18 @@ class Proxy:
             return False
         current = routed.decision.worker
         return any(
-            w.healthy and w.url != current and w.url not in excluded for w in routed.view.workers
+            w.usable and w.url != current and w.url not in excluded for w in routed.view.workers
         )
+
+    def _pass(self, worker: str, last: bool) -> Pass | None:
+        """The worker's circuit lets this attempt through (None: retry elsewhere). With nowhere
+        else to go it goes anyway, untracked: the client gets the worker's own answer rather
+        than the router's refusal."""
+        breakers = self.registry.breakers
+        if breakers is None:
+            return UNTRACKED
+        passed = breakers.begin(worker)
+        return UNTRACKED if passed is None and last else passed
 
     async def _send(
         self,
@@ -334,6 +354,7 @@ class Proxy:
         last: bool,
         timeouts: Timeouts,
         routed: Routed,
+        verdict: Verdict,
         trace: bytes = b"",
     ) -> tuple[str, Response | None]:
         """Open the request; a retryable failure comes back as (why, None)."""
@@ -346,10 +367,12 @@ class Proxy:
             # Only a refused or unroutable connection says the worker is down; a dropped
             # keep-alive connection can be a benign race.
             if e.refused:
+                verdict.failed()
                 self.registry.mark_failed(worker, why)
             return why, None
         except Reset as e:
             worker.inflight -= 1
+            verdict.failed()
             self.registry.mark_failed(worker, str(e))
             if self.retry_on_reset and not last:
                 return str(e), None
@@ -359,16 +382,19 @@ class Proxy:
             raise local_error(str(e), decision_headers(routed)) from None
         except Stalled as e:
             worker.inflight -= 1
+            verdict.failed()
             self.registry.mark_failed(worker, str(e))
             raise stalled_error(worker.url, str(e), decision_headers(routed)) from None
         except Lost as e:  # garbage for a head (Malformed): another worker may do better
             worker.inflight -= 1
+            verdict.failed()
             return str(e), None
         except BaseException:
             worker.inflight -= 1
             raise
         if resp.status >= 500 and not last:
             worker.inflight -= 1
+            verdict.failed()
             resp.close()
             return f"HTTP {resp.status}", None
         return "", resp
@@ -381,14 +407,17 @@ class Proxy:
         routed: Routed,
         started: float,
         label: str,
+        verdict: Verdict,
         span: tracing.Span = tracing.NO_SPAN,
     ) -> web.StreamResponse:
         try:
             headers = CIMultiDict((k, v) for k, v in resp.headers if k.lower() not in DROP_RESPONSE)
             headers.update(decision_headers(routed))
             if resp.content_type == "text/event-stream" and resp.status < 400:
-                return await self._stream(request, worker, resp, headers, started, label, span)
-            whole = await self._whole(worker, resp, headers, routed, started, label, span)
+                return await self._stream(
+                    request, worker, resp, headers, started, label, verdict, span
+                )
+            whole = await self._whole(worker, resp, headers, routed, started, label, verdict, span)
             ids = api_responses.rewriter(request, worker.url)  # Responses: ids carry the worker
             if ids is not None and isinstance(whole.body, bytes):
                 whole.body = ids.whole(whole.body)
@@ -405,6 +434,7 @@ class Proxy:
         routed: Routed,
         started: float,
         label: str,
+        verdict: Verdict,
         span: tracing.Span = tracing.NO_SPAN,
     ) -> web.Response:
         try:
@@ -413,9 +443,11 @@ class Proxy:
             span.event("first_byte")
             body = first + await resp.read() if first else first
         except Stalled as e:
+            verdict.failed()
             self.registry.mark_failed(worker, str(e))
             raise stalled_error(worker.url, str(e), decision_headers(routed)) from None
         except (UpstreamError, asyncio.TimeoutError) as e:
+            verdict.failed()
             # Cut short or malformed: none of it goes to the client.
             why = str(e) or type(e).__name__
             raise RouterError(
@@ -425,6 +457,7 @@ class Proxy:
                 code="worker_lost",
                 headers=decision_headers(routed),
             ) from None
+        verdict.answered(resp.status)
         if resp.status >= 400:
             body, headers["Content-Type"] = worker_error_reply(
                 resp.status, body, headers.get("Content-Type", "application/octet-stream")
@@ -439,6 +472,7 @@ class Proxy:
         headers: CIMultiDict[str],
         started: float,
         label: str,
+        verdict: Verdict,
         span: tracing.Span = tracing.NO_SPAN,
     ) -> web.StreamResponse:
         # Headers go out at once, so a client sees the stream start before the first token;
@@ -456,6 +490,10 @@ class Proxy:
         body: Body = resp if ids is None else api_responses.RewrittenStream(resp, ids)
         cut = await copy_stream(out, body, worker.url, self.metrics, on_first=first, **dialect)
         note_cut(request, self.registry, worker, cut)
+        if cut is None:
+            verdict.answered(resp.status)
+        elif not isinstance(cut, asyncio.CancelledError):  # the router's shutdown is no failure
+            verdict.failed()
         if cut is not None:
             span.fail(f"stream cut: {cut or type(cut).__name__}")
         return out

@@ -415,6 +415,7 @@ class Router:
                     gpu_hit=gpu_hit,
                     l3_hit=l3 if w.l3 else 0,
                     healthy=w.healthy,
+                    breaker_open=not self.registry.takes_requests(w.url),
                     text_match=text_hits.get(w.url, 0),
                     text_tree_size=self.text_tree.size(w.url) if self.text_tree else 0,
                 )

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from smetric_router.breaker.board import Breakers
 from smetric_router.router.upstream import is_local
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,8 @@ class WorkerRegistry:
     on_added: Hook | None = None
     on_removed: Hook | None = None
     headers: dict[str, str] = field(default_factory=dict, repr=False)  # the worker key, if any
+    # Circuits (smetric_router/breaker/), apart from health: None with --disable-circuit-breaker.
+    breakers: Breakers | None = None
     workers: dict[str, Worker] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -262,7 +265,17 @@ class WorkerRegistry:
 
     def describe(self) -> list[dict[str, Any]]:
         now = time.monotonic()
-        return [w.describe(now, self.max_load_age) for w in self.workers.values()]
+        return [self.describe_one(w, now) for w in self.workers.values()]
+
+    def describe_one(self, w: Worker, now: float) -> dict[str, Any]:
+        out = w.describe(now, self.max_load_age)
+        if self.breakers is not None:
+            out["circuit"] = self.breakers.describe(w.url)
+        return out
+
+    def takes_requests(self, url: str) -> bool:
+        """Whether the worker's circuit lets a request through now (its health aside)."""
+        return self.breakers is None or self.breakers.available(url)
 
     async def initialize(self, specs: Iterable[WorkerSpec]) -> None:
         """Register the start-up workers; those reachable now must agree on the page size."""
@@ -301,6 +314,8 @@ class WorkerRegistry:
         w = self.workers.pop(url.rstrip("/"), None)
         if w is not None:
             log.info("worker %s removed", w.url)
+            if self.breakers is not None:
+                self.breakers.remove(w.url)
             if self.on_removed is not None:
                 await self.on_removed(w.url)
         return w

@@ -32,6 +32,7 @@ class FakeWorker:
         self.bodies: list[dict[str, Any]] = []  # generation requests received, in order
         self.headers: list[dict[str, str]] = []
         self.fail_next = 0  # answer the next n generation requests with 503, before any byte
+        self.fail_status = 503  # ...or with this status
         self.die_mid_stream_next = 0  # cut the connection after the first stream chunk
         self.cut_event = False  # when cutting, send only half of the second event first
         self.die_after_done_next = 0  # send the whole stream, then cut before its chunked end
@@ -142,7 +143,7 @@ class FakeWorker:
             await self.release.wait()
         if self.fail_next > 0:
             self.fail_next -= 1
-            return web.json_response({"error": "injected"}, status=503)
+            return web.json_response({"error": "injected"}, status=self.fail_status)
         if body.get("model") not in (None, self.model):
             return web.json_response({"error": {"message": "bad model"}}, status=400)
         if not body.get("stream"):
