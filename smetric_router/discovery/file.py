@@ -98,6 +98,9 @@ class FileProvider:
         self.metrics = metrics
         self._wanted: Wanted = {}
         self._last: bytes | None = None  # the content last looked at, good or bad
+        # A change is taken once two polls in a row read it: a save caught half-way (truncated,
+        # then written) would otherwise drop every worker for one poll.
+        self._pending: bytes | None = None
 
     async def run(self, apply: Apply) -> None:
         log.info("discovery: watching %s for workers", self.settings.path)
@@ -117,8 +120,12 @@ class FileProvider:
             return
         self.metrics.saw_event(self.name)
         if raw == self._last:
+            self._pending = None
             return
-        self._last = raw
+        if self._last is not None and raw != self._pending:
+            self._pending = raw
+            return
+        self._last, self._pending = raw, None
         try:
             wanted = parse_workers(raw.decode("utf-8", "replace"), self.settings.pd, path.name)
         except FileFormatError as e:

@@ -819,7 +819,7 @@ class RouterConfig:
         1.0,
         Flag(
             "--discovery-file-interval-secs",
-            "how often --discovery-file is read",
+            "how often --discovery-file is read; a change is taken once two reads agree on it",
             group=DISCOVERY,
         ),
     )

@@ -51,7 +51,11 @@ def test_replicas_behind_haproxy_stick_as_one_router(tmp_path: Path) -> None:
 
     restart = phases["restart"].summary()
     ev = restart["events"]
-    assert ev["killed"] < ev["down"] < ev["up"] and ev["ready"] < ev["up"], ev
+    assert ev["killed"] < ev["ready"], ev
+    # HAProxy marks the replica down only if its new process answers later than two failed
+    # checks (0.5 s apart); a fast restart comes back between them and is never seen down
+    if "down" in ev:
+        assert ev["killed"] < ev["down"] < ev["up"] and ev["ready"] < ev["up"], ev
     # what the kill cost: the requests it held failed, and each got through on its retry (HAProxy
     # redispatches new connections while the replica is down)
     assert restart["failed_after_retry"] == 0, restart

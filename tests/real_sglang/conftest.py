@@ -9,6 +9,7 @@ a missing environment is a failure, not a skip.
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -132,6 +133,15 @@ def _shared_stacks_stopped_after_the_package() -> Iterator[None]:
 def get_json(url: str, timeout: float = 30) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.load(r)
+
+
+def is_ready(url: str) -> bool:
+    """The router at `url` answers /readiness 200 (503 while it has no worker or warms its KV
+    views, or no answer yet: not ready)."""
+    try:
+        return bool(get_json(url + "/readiness", timeout=2)["status"] == "ready")
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def post_json(url: str, body: Any, timeout: float = 60) -> Any:

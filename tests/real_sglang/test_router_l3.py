@@ -35,7 +35,7 @@ from smetric_router.launch.kinds.sglang import tokenizer_path
 from smetric_router.launch.stack import MASTER
 from tests.helpers.polling import eventually_sync
 from tests.helpers.prometheus import metric
-from tests.real_sglang.conftest import MODEL, PAGE, get_json, post_json
+from tests.real_sglang.conftest import MODEL, PAGE, get_json, is_ready, post_json
 
 pytestmark = pytest.mark.sglang
 
@@ -167,9 +167,7 @@ def events_router(stack: Stack, tmp_path: Path) -> Iterator[str]:
     try:
         eventually_sync(reported, "the events router's port file", 60)
         url = f"http://127.0.0.1:{json.loads(port_file.read_text())['http']}"
-        eventually_sync(
-            lambda: get_json(url + "/readiness")["status"] == "ready", "the events router ready", 60
-        )
+        eventually_sync(lambda: is_ready(url), "the events router ready", 60)
         yield url
     finally:
         proc.terminate()

@@ -27,7 +27,7 @@ from smetric_router.launch import Stack, free_port
 from smetric_router.launch.kinds.sglang import model_path, sglang_python, tokenizer_path
 from smetric_router.launch.spec import SglangSpec
 from tests.helpers.polling import eventually_sync
-from tests.real_sglang.conftest import MODEL, flush, get_json, post_json
+from tests.real_sglang.conftest import MODEL, flush, is_ready, post_json
 
 pytestmark = pytest.mark.sglang
 
@@ -282,18 +282,11 @@ def probe_router(sglang_stack: Stack) -> Iterator[str]:
     proc = subprocess.Popen(argv, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        eventually_sync(lambda: _ready(url), "probe router ready", timeout=30)
+        eventually_sync(lambda: is_ready(url), "probe router ready", timeout=30)
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
-
-
-def _ready(url: str) -> bool:
-    try:
-        return bool(get_json(url + "/readiness", timeout=2))
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 async def test_probe_cache_view_sticks_follow_ups(sglang_stack: Stack, probe_router: str) -> None:
