@@ -53,6 +53,7 @@ from typing import Any
 
 import aiohttp
 
+from benchmarks.compare import token_counters
 from smetric_router.launch import ClusterSpec, Stack, WorkerSpec, free_port, router_args
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -331,18 +332,6 @@ async def drive(url: str, model: str, setup: Setup, sessions: int, t_start: floa
 
 
 # --- phases -------------------------------------------------------------------------------------
-
-
-def token_counters(workers: list[str]) -> tuple[int, int]:
-    from smetric_router.core.prometheus import readable_samples, total
-
-    prompt = cached = 0.0
-    for w in workers:
-        _, text = _get(f"{w}/metrics")
-        found = readable_samples(text.decode())
-        prompt += total(found, "sglang:prompt_tokens_total")
-        cached += total(found, "sglang:cached_tokens_total")
-    return int(prompt), int(cached)
 
 
 def run_phase(name: str, url: str, model: str, setup: Setup, workers: list[str], sessions: int,
