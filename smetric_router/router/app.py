@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -24,7 +24,7 @@ from smetric_router.cluster.inflight import InflightPrefixes
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.cluster.l3_view import EventsL3, L3State, MasterL3
 from smetric_router.core import tracing
-from smetric_router.core.types import NoWorkerAvailable
+from smetric_router.core.types import NoWorkerAvailable, RequestFeatures
 from smetric_router.discovery.register import Discovery, start_discovery
 from smetric_router.features import anthropic_thinking
 from smetric_router.features.errors import FeatureError
@@ -46,7 +46,7 @@ from smetric_router.router.http_guards import (
 from smetric_router.router.kv import KvFeeds
 from smetric_router.router.limits import upstream_connection_limit
 from smetric_router.router.metrics import STREAM_ERROR, L3Sample, RouterMetrics, WorkerSample
-from smetric_router.router.pd import PdProxy, pd_decision_attributes
+from smetric_router.router.pd import Pair, PdProxy, pd_decision_attributes
 from smetric_router.router.probe import Prober
 from smetric_router.router.proxy import (
     STREAM_CUT,
@@ -59,6 +59,7 @@ from smetric_router.router.routing import (
     Endpoint,
     Features,
     HitIndex,
+    Routed,
     Router,
     TextTree,
 )
@@ -475,19 +476,9 @@ async def _generate(
         l3 = await router.l3_lookup(features, model)  # 0 unless --l3-view
         if strip_hint(body) or edited:
             raw = orjson.dumps(body)
-        with tracing.span("route") as span:
-            if state.pd is not None:
-                pair = state.pd.route(features, model, probed, l3)
-                if tracing.enabled:
-                    span.set_many(pd_decision_attributes(pair, state.pd))
-            else:
-                routed = router.route(features, model, probed, l3)
-                if tracing.enabled:
-                    span.set_many(decision_attributes(routed, router.policy.name))
     except FeatureError as e:
         raise bad_request(str(e)) from None
-    except NoWorkerAvailable:
-        raise no_worker() from None
+    decided = _decide(state, router, features, model, probed, l3)
     state.metrics.decide_seconds.observe(time.perf_counter() - started)
     label = endpoint.value
     ticket = None
@@ -495,28 +486,50 @@ async def _generate(
         # Decided first, so a follow-up waits for room on its holder; a first turn waits for
         # room anywhere. One that waited is decided again on the cluster as it is now: a
         # follow-up stays with its holder unless the policy would move it anyway.
-        first = pair.prefill if state.pd is not None else routed
+        first = decided.prefill if isinstance(decided, Pair) else decided
         follow_up = resolve_turn(features, first.view.workers) > 0
         bound = first.decision.worker if follow_up else None
         ticket = await _admit(state, request, bound, follow_up)
-        if ticket is not None and ticket.waited_s > 0:
-            with tracing.span("route"):
-                if state.pd is not None:
-                    pair = state.pd.route(features, model, probed, l3)
-                else:
-                    routed = router.route(features, model, probed, l3)
     try:
-        first = pair.prefill if state.pd is not None else routed
-        state.metrics.routed(label, first.decision.reason)
-        if state.pd is not None:
-            return await state.pd.dispatch(request, endpoint.value, body, pair, started, label)
+        if ticket is not None and ticket.waited_s > 0:
+            decided = _decide(state, router, features, model, probed, l3)
+        if isinstance(decided, Pair):
+            assert state.pd is not None  # a pair is decided only under PD
+            state.metrics.routed(label, decided.prefill.decision.reason)
+            return await state.pd.dispatch(request, endpoint.value, body, decided, started, label)
+        state.metrics.routed(label, decided.decision.reason)
         stream = body.get("stream") is True
         return await state.proxy.dispatch(
-            request, endpoint.value, raw, routed, started, label, stream
+            request, endpoint.value, raw, decided, started, label, stream
         )
     finally:
         if ticket is not None:
             ticket.release()
+
+
+def _decide(
+    state: RouterState,
+    router: Router,
+    features: RequestFeatures,
+    model: str | None,
+    probed: Mapping[str, tuple[int, int]] | None,
+    l3: int | None,
+) -> Pair | Routed:
+    """The policy's placement (a prefill/decode pair under PD), in its trace span; no healthy
+    worker is a 503. Called again for a request that waited for admission."""
+    try:
+        with tracing.span("route") as span:
+            if state.pd is not None:
+                pair = state.pd.route(features, model, probed, l3)
+                if tracing.enabled:
+                    span.set_many(pd_decision_attributes(pair, state.pd))
+                return pair
+            routed = router.route(features, model, probed, l3)
+            if tracing.enabled:
+                span.set_many(decision_attributes(routed, router.policy.name))
+            return routed
+    except NoWorkerAvailable:
+        raise no_worker() from None
 
 
 ADMISSION: web.RequestKey[Ticket] = web.RequestKey("smetric_admission")
