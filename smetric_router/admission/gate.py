@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from smetric_router.admission.metrics import (
@@ -19,7 +19,7 @@ from smetric_router.admission.metrics import (
     AdmissionMetrics,
     kind,
 )
-from smetric_router.admission.order import AdmissionQueue, Entry
+from smetric_router.admission.order import ANONYMOUS, AdmissionQueue, Entry
 from smetric_router.admission.room import RoundRoom, WorkerRoom
 
 # How often a non-empty queue is re-checked against the workers' reports: a worker's room
@@ -74,12 +74,15 @@ class Gate:
         workers: Callable[[], Iterable[WorkerRoom]],
         metrics: Callable[[Gate], AdmissionMetrics],
         clock: Callable[[], float] = time.monotonic,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
         self.config = config
         self.running = 0
         self._workers = workers
         self._clock = clock
-        self._queue = AdmissionQueue(config.queue_size, config.timeout_s, config.ceiling_s, clock)
+        self._queue = AdmissionQueue(
+            config.queue_size, config.timeout_s, config.ceiling_s, clock, weights
+        )
         self._waiters: dict[int, asyncio.Future[int]] = {}
         self._admissions = itertools.count(1)
         self._timer: asyncio.Task[None] | None = None
@@ -89,21 +92,32 @@ class Gate:
     def queued(self) -> int:
         return len(self._queue)
 
-    async def admit(self, worker: str | None, follow_up: bool) -> Ticket:
+    def queued_by_tenant(self) -> dict[str, int]:
+        return self._queue.counts()
+
+    async def admit(
+        self, worker: str | None, follow_up: bool, tenant: str = ANONYMOUS, priority: int = 0
+    ) -> Ticket:
         """Wait for room for a request bound to `worker` (None: any); raises Shed when it is
-        refused or times out. Cancelling the caller takes its entry out of the queue at once."""
+        refused or times out. Cancelling the caller takes its entry out of the queue at once.
+        tenant and priority place it in the queue's order (admission/order.py)."""
         started = self._clock()
         label = kind(follow_up)
         if not self._queue:  # nothing waits ahead of it
             room = self._room()
             if room.fits(worker):
-                return self._admitted(label, queued=False)
-        pushed = self._queue.push(worker, follow_up)
+                return self._admitted(label, tenant)
+        pushed = self._queue.push(worker, follow_up, tenant, priority)
         if pushed.displaced is not None:
-            self._shed(pushed.displaced, DISPLACED, "a running session's follow-up took its place")
+            why = (
+                "a running session's follow-up took its place"
+                if follow_up
+                else "a request of a tenant under its share of the queue took its place"
+            )
+            self._shed(pushed.displaced, DISPLACED, why)
         entry = pushed.entry
         if entry is None:
-            self.metrics.shed.labels(QUEUE_FULL, label).inc()
+            self.metrics.shed.labels(QUEUE_FULL, label, tenant).inc()
             raise Shed(QUEUE_FULL, f"the router queue is full ({self.config.queue_size} waiting)")
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiters[entry.seq] = fut
@@ -117,17 +131,17 @@ class Gate:
                 self._release()  # admitted just as its client left: hand the slot on
             elif self._queue.remove(entry):
                 self._waiters.pop(entry.seq, None)
-                self.metrics.shed.labels(CANCELLED, label).inc()
+                self.metrics.shed.labels(CANCELLED, label, tenant).inc()
             raise
         waited = self._clock() - started
-        self.metrics.admitted.labels(label, "yes").inc()
-        self.metrics.wait.labels(label).observe(waited)
+        self.metrics.admitted.labels(label, "yes", tenant).inc()
+        self.metrics.wait.labels(label, tenant).observe(waited)
         return Ticket(self, order, waited)
 
-    def _admitted(self, label: str, queued: bool) -> Ticket:
+    def _admitted(self, label: str, tenant: str) -> Ticket:
         self.running += 1
-        self.metrics.admitted.labels(label, "yes" if queued else "no").inc()
-        self.metrics.wait.labels(label).observe(0.0)
+        self.metrics.admitted.labels(label, "no", tenant).inc()
+        self.metrics.wait.labels(label, tenant).observe(0.0)
         return Ticket(self, next(self._admissions), 0.0)
 
     def _room(self) -> RoundRoom:
@@ -157,7 +171,7 @@ class Gate:
                 fut.set_result(next(self._admissions))
 
     def _shed(self, entry: Entry, reason: str, why: str) -> None:
-        self.metrics.shed.labels(reason, kind(entry.follow_up)).inc()
+        self.metrics.shed.labels(reason, kind(entry.follow_up), entry.tenant).inc()
         fut = self._waiters.pop(entry.seq, None)
         if fut is not None and not fut.done():
             fut.set_exception(Shed(reason, why))

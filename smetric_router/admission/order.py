@@ -2,22 +2,37 @@
 
 Who goes first when room frees up:
 
-1. first turns that have waited the starvation ceiling or longer, oldest first: without this, a
-   steady stream of follow-ups would hold new sessions back for ever;
-2. follow-ups (turn > 0), oldest first: their session's KV cache sits on one worker and its
-   agent is mid-task, so a wait costs a running session, while a new one has invested nothing;
-3. the other first turns, oldest first.
+1. first turns that have waited the starvation ceiling or longer: without this, a steady stream
+   of follow-ups would hold new sessions back for ever;
+2. follow-ups (turn > 0): their session's KV cache sits on one worker and its agent is mid-task,
+   so a wait costs a running session, while a new one has invested nothing;
+3. the other first turns.
+
+Within each class the tenants (API keys of --api-key-file; one "anonymous" tenant without it)
+share admissions by weight: the next admission goes to the tenant with the least virtual time,
+which each admission advances by 1 / weight (start-time fair queueing: a tenant that was idle
+starts at the current virtual time, so it cannot bank an idle hour against the others). Ties go
+to the tenant whose entry in the class came first. Within a tenant, a higher `priority` goes
+first (SGLang's meaning of the field), then the oldest. With one tenant and no priorities this
+is arrival order within each class.
 
 An entry whose worker has no room is passed over, not waited on, so one busy worker does not
 hold up requests the rest of the cluster could take.
+
+A full queue makes room by displacing a first turn that has not reached the ceiling (its session
+has nothing to lose yet), taken from the tenant holding the most places for its weight, its
+lowest priority and newest first: for a follow-up always when there is one; for a first turn only
+when its own tenant holds fewer places for its weight than that tenant would after the swap.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
+
+ANONYMOUS = "anonymous"  # the tenant of every request when the router has no key file
 
 
 @dataclass(slots=True, eq=False)
@@ -29,6 +44,8 @@ class Entry:
     worker: str | None
     follow_up: bool
     enqueued_at: float
+    tenant: str = ANONYMOUS
+    priority: int = 0
 
 
 class Room(Protocol):
@@ -37,6 +54,16 @@ class Room(Protocol):
     def fits(self, worker: str | None) -> bool: ...
 
     def take(self, worker: str | None) -> None: ...
+
+
+class _Fits:
+    """A room where everything fits: order() is pick() without limits."""
+
+    def fits(self, worker: str | None) -> bool:
+        return True
+
+    def take(self, worker: str | None) -> None:
+        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +75,33 @@ class Pushed:
     displaced: Entry | None = None
 
 
+@dataclass(slots=True)
+class _Waiting:
+    """One tenant's waiting entries, insertion-ordered (O(1) removal on cancel)."""
+
+    follow_ups: dict[int, Entry] = field(default_factory=dict)
+    first_turns: dict[int, Entry] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.follow_ups) + len(self.first_turns)
+
+    def table(self, entry: Entry) -> dict[int, Entry]:
+        return self.follow_ups if entry.follow_up else self.first_turns
+
+
+def _within(entry: Entry) -> tuple[int, int]:
+    """Order inside one tenant's class: higher priority first, then arrival."""
+    return (-entry.priority, entry.seq)
+
+
 class AdmissionQueue:
     def __init__(
-        self, max_size: int, timeout_s: float, ceiling_s: float, clock: Callable[[], float]
+        self,
+        max_size: int,
+        timeout_s: float,
+        ceiling_s: float,
+        clock: Callable[[], float],
+        weights: Mapping[str, float] | None = None,
     ) -> None:
         if max_size < 0:
             raise ValueError(f"max_size must be >= 0, got {max_size}")
@@ -58,71 +109,149 @@ class AdmissionQueue:
         self.timeout_s = timeout_s
         self.ceiling_s = ceiling_s
         self.clock = clock
+        self._weights = dict(weights or {})  # tenant -> weight; absent: 1
         self._seq = itertools.count()
-        # insertion-ordered: arrival order within each class, O(1) removal on cancel
-        self._follow_ups: dict[int, Entry] = {}
-        self._first_turns: dict[int, Entry] = {}
+        self._size = 0
+        self._waiting: dict[str, _Waiting] = {}  # tenants with entries waiting
+        self._vtime: dict[str, float] = {}  # bounded by the key file's tenants
+        self._vnow = 0.0  # the virtual time of the latest admission's start
 
     def __len__(self) -> int:
-        return len(self._follow_ups) + len(self._first_turns)
+        return self._size
 
-    def push(self, worker: str | None, follow_up: bool) -> Pushed:
-        """Queue a request. A full queue refuses a first turn; a follow-up takes the place of the
-        newest first turn not yet starved (it has waited least, and its session has nothing to
-        lose yet), and is refused only when there is none."""
+    def weight(self, tenant: str) -> float:
+        return self._weights.get(tenant, 1.0)
+
+    def counts(self) -> dict[str, int]:
+        """Entries waiting per tenant (tenants with none are absent)."""
+        return {t: len(w) for t, w in self._waiting.items()}
+
+    def push(
+        self, worker: str | None, follow_up: bool, tenant: str = ANONYMOUS, priority: int = 0
+    ) -> Pushed:
+        """Queue a request; a full queue displaces a first turn for it or refuses it (see the
+        module's docstring)."""
         now = self.clock()
         displaced = None
-        if len(self) >= self.max_size:
-            displaced = self._newest_unstarved(now) if follow_up else None
+        if self._size >= self.max_size:
+            displaced = self._victim(now, follow_up, tenant)
             if displaced is None:
                 return Pushed(None)
-            del self._first_turns[displaced.seq]
-        entry = Entry(next(self._seq), worker, follow_up, now)
-        (self._follow_ups if follow_up else self._first_turns)[entry.seq] = entry
+            self.remove(displaced)
+        entry = Entry(next(self._seq), worker, follow_up, now, tenant, priority)
+        waiting = self._waiting.get(tenant)
+        if waiting is None:  # the tenant becomes active: it starts at the current virtual time
+            waiting = self._waiting[tenant] = _Waiting()
+            self._vtime[tenant] = max(self._vtime.get(tenant, 0.0), self._vnow)
+        waiting.table(entry)[entry.seq] = entry
+        self._size += 1
         return Pushed(entry, displaced)
 
     def remove(self, entry: Entry) -> bool:
         """Take a waiting entry out (its client went away, or it timed out); False when it was
         no longer queued (admitted or removed already)."""
-        table = self._follow_ups if entry.follow_up else self._first_turns
-        return table.pop(entry.seq, None) is not None
+        waiting = self._waiting.get(entry.tenant)
+        if waiting is None or waiting.table(entry).pop(entry.seq, None) is None:
+            return False
+        self._size -= 1
+        if not waiting:
+            del self._waiting[entry.tenant]
+        return True
 
     def expired(self) -> list[Entry]:
         """Remove and return the entries that have waited the timeout or longer."""
         limit = self.clock() - self.timeout_s
-        out = [e for e in self._all() if e.enqueued_at <= limit]
+        out = sorted((e for e in self._all() if e.enqueued_at <= limit), key=lambda e: e.seq)
         for e in out:
             self.remove(e)
         return out
 
     def order(self) -> list[Entry]:
-        """The waiting entries in admission order (see the module's docstring)."""
-        ceiling = self.clock() - self.ceiling_s
-        starved = [e for e in self._first_turns.values() if e.enqueued_at <= ceiling]
-        rest = [e for e in self._first_turns.values() if e.enqueued_at > ceiling]
-        return [*starved, *self._follow_ups.values(), *rest]
+        """The waiting entries in admission order, were there room for all (see the module's
+        docstring)."""
+        return [e for e, _ in self._plan(_Fits())]
 
     def pick(self, room: Room) -> list[Entry]:
         """Admit, in order, every entry that fits the room; they leave the queue."""
         admitted = []
-        for e in self.order():
-            if room.fits(e.worker):
-                room.take(e.worker)
-                self.remove(e)
-                admitted.append(e)
+        for e, start in self._plan(room):
+            self.remove(e)
+            self._vnow = max(self._vnow, start)
+            self._vtime[e.tenant] = start + 1.0 / self.weight(e.tenant)
+            admitted.append(e)
         return admitted
 
     def next_event(self) -> float | None:
         """The earliest time at which an entry times out or a first turn reaches the ceiling
         (None: nothing waits), for the caller's timer."""
         times = [e.enqueued_at + self.timeout_s for e in self._all()]
-        times += [e.enqueued_at + self.ceiling_s for e in self._first_turns.values()]
+        times += [
+            e.enqueued_at + self.ceiling_s
+            for w in self._waiting.values()
+            for e in w.first_turns.values()
+        ]
         return min(times, default=None)
 
-    def _all(self) -> list[Entry]:
-        return [*self._follow_ups.values(), *self._first_turns.values()]
+    def _all(self) -> Iterator[Entry]:
+        for w in self._waiting.values():
+            yield from w.follow_ups.values()
+            yield from w.first_turns.values()
 
-    def _newest_unstarved(self, now: float) -> Entry | None:
-        for e in reversed(self._first_turns.values()):
-            return e if now - e.enqueued_at < self.ceiling_s else None
-        return None
+    def _classes(self) -> list[dict[str, list[Entry]]]:
+        """The three classes, each tenant -> its entries in the class in their order."""
+        ceiling = self.clock() - self.ceiling_s
+        starved: dict[str, list[Entry]] = {}
+        follow: dict[str, list[Entry]] = {}
+        rest: dict[str, list[Entry]] = {}
+        for tenant, w in self._waiting.items():
+            for e in w.first_turns.values():
+                (starved if e.enqueued_at <= ceiling else rest).setdefault(tenant, []).append(e)
+            if w.follow_ups:
+                follow[tenant] = list(w.follow_ups.values())
+        for cls in (starved, follow, rest):
+            for entries in cls.values():
+                entries.sort(key=_within)
+        return [starved, follow, rest]
+
+    def _plan(self, room: Room) -> Iterator[tuple[Entry, float]]:
+        """The entries the room takes, in order, each with its tenant's virtual time when it is
+        admitted (nothing changes here; pick() applies it)."""
+        vtime = dict(self._vtime)
+        for cls in self._classes():
+            first = {t: min(e.seq for e in entries) for t, entries in cls.items()}
+            while cls:
+                tenant = min(cls, key=lambda t: (vtime[t], first[t]))
+                entries = cls[tenant]
+                for i, e in enumerate(entries):
+                    if room.fits(e.worker):
+                        room.take(e.worker)
+                        del entries[i]
+                        yield e, vtime[tenant]
+                        vtime[tenant] += 1.0 / self.weight(tenant)
+                        break
+                else:
+                    entries.clear()  # nothing of this tenant fits this round
+                if not entries:
+                    del cls[tenant]
+
+    def _victim(self, now: float, follow_up: bool, tenant: str) -> Entry | None:
+        """The first turn a request arriving at a full queue displaces, or None (module's
+        docstring)."""
+        best: tuple[float, Entry] | None = None
+        for t, w in self._waiting.items():
+            young = [e for e in w.first_turns.values() if now - e.enqueued_at < self.ceiling_s]
+            if not young:
+                continue
+            share = len(w) / self.weight(t)
+            # lowest priority, then newest
+            e = min(young, key=lambda e: (e.priority, -e.seq))
+            if best is None or share > best[0] or (share == best[0] and e.seq > best[1].seq):
+                best = (share, e)
+        if best is None:
+            return None
+        share, victim = best
+        if follow_up:
+            return victim
+        own = self._waiting.get(tenant)
+        mine = ((len(own) if own is not None else 0) + 1) / self.weight(tenant)
+        return victim if victim.tenant != tenant and mine < share else None

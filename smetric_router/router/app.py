@@ -14,10 +14,13 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from smetric_router.admission.errors import refusal
+from smetric_router.admission.buckets import RateLimiter
+from smetric_router.admission.errors import rate_limited, refusal
 from smetric_router.admission.gate import Gate, Shed, Ticket
-from smetric_router.admission.metrics import AdmissionMetrics
+from smetric_router.admission.metrics import RATE_LIMIT, AdmissionMetrics, kind
+from smetric_router.admission.order import ANONYMOUS
 from smetric_router.admission.room import WorkerRoom, queued
+from smetric_router.admission.tenants import Tenant
 from smetric_router.breaker.board import Breakers
 from smetric_router.breaker.metrics import BreakerMetrics
 from smetric_router.cluster.inflight import InflightPrefixes
@@ -32,7 +35,12 @@ from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
 from smetric_router.policies.turn import resolve_turn
 from smetric_router.router import api_messages, api_responses
-from smetric_router.router.auth import auth_middleware, upstream_auth_header
+from smetric_router.router.auth import (
+    auth_middleware,
+    tenant_header,
+    tenant_of,
+    upstream_auth_header,
+)
 from smetric_router.router.config import RouterConfig
 from smetric_router.router.dashboard import Sampler, SamplerTimer, data_handler, handle_page
 from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
@@ -118,16 +126,34 @@ class RouterState:
             feed_batches=self._feed_batches,
         )
         self._timer = SamplerTimer(self.sampler, self.metrics.loop_lag.set)
+        # --api-key-file's tenants (admission/tenants.py); None: one tenant, "anonymous"
+        self.tenants = config.tenants()
+        self.auth = config.auth(self.tenants)
+        self.tenant_names = self.tenants.names if self.tenants is not None else (ANONYMOUS,)
+        limits = RateLimiter(self.tenants.limits() if self.tenants else (), time.monotonic)
+        self.limits = limits if limits else None  # None: no tenant has a limit
         admission = config.admission()
+        weights = self.tenants.weights() if self.tenants is not None else None
         # None when off: the request path then checks one attribute and nothing else
         self.admission = (
             None
             if admission is None
-            else Gate(admission, self._worker_rooms, self._admission_metrics)
+            else Gate(admission, self._worker_rooms, self._admission_metrics, weights=weights)
+        )
+        # with the queue or tenants: admission's counters (the tenants' limits apply and are
+        # counted without the queue too); None: neither, and nothing on the request path
+        self.admission_metrics: AdmissionMetrics | None = (
+            self.admission.metrics
+            if self.admission is not None
+            else AdmissionMetrics(self.metrics.registry, self.tenant_names, None, None)
+            if self.tenants is not None
+            else None
         )
 
     def _admission_metrics(self, gate: Gate) -> AdmissionMetrics:
-        return AdmissionMetrics(self.metrics.registry, lambda: gate.queued, lambda: gate.running)
+        return AdmissionMetrics(
+            self.metrics.registry, self.tenant_names, gate.queued_by_tenant, lambda: gate.running
+        )
 
     def _worker_rooms(self) -> list[WorkerRoom]:
         """The workers admission weighs (the KV-serving side: prefill under PD, whose reports
@@ -436,6 +462,8 @@ async def _generate(
         raw, body = await read_json_object(request, state.config.max_body_bytes)
         span.set("smetric.body_bytes", len(raw))
     model = _check_model(body, state.registry)
+    # SGLang's `priority` (forwarded as sent): orders the tenant's requests in the router queue
+    priority = _priority(body, tenant_of(request)) if state.admission_metrics else 0
     router = state.router
     if endpoint is Endpoint.RESPONSES:
         # ids in and out carry their worker; a continued response goes to its holder
@@ -449,7 +477,8 @@ async def _generate(
             stream = body.get("stream") is True
             raw = orjson.dumps(body)
             label = endpoint.value
-            ticket = await _admit(state, request, holder.url, follow_up=True)
+            # the stored history is the worker's: only the request counts against its limits
+            ticket = await _admit(state, request, holder.url, True, 0, priority)
             try:
                 state.metrics.routed(label, api_responses.HOLDER_REASON)
                 return await state.proxy.dispatch(
@@ -482,14 +511,14 @@ async def _generate(
     state.metrics.decide_seconds.observe(time.perf_counter() - started)
     label = endpoint.value
     ticket = None
-    if state.admission is not None:
+    if state.admission_metrics is not None:
         # Decided first, so a follow-up waits for room on its holder; a first turn waits for
         # room anywhere. One that waited is decided again on the cluster as it is now: a
         # follow-up stays with its holder unless the policy would move it anyway.
         first = decided.prefill if isinstance(decided, Pair) else decided
         follow_up = resolve_turn(features, first.view.workers) > 0
         bound = first.decision.worker if follow_up else None
-        ticket = await _admit(state, request, bound, follow_up)
+        ticket = await _admit(state, request, bound, follow_up, features.prompt_len, priority)
     try:
         if ticket is not None and ticket.waited_s > 0:
             decided = _decide(state, router, features, model, probed, l3)
@@ -538,17 +567,63 @@ ADMISSION_WAIT_HEADER = "x-smetric-admission-wait-ms"
 
 
 async def _admit(
-    state: RouterState, request: web.Request, worker: str | None, follow_up: bool
+    state: RouterState,
+    request: web.Request,
+    worker: str | None,
+    follow_up: bool,
+    tokens: int = 0,
+    priority: int = 0,
 ) -> Ticket | None:
-    """Wait for room (None: admission is off); a refusal is answered 429."""
+    """Charge the tenant's rate limits, then wait for room (None: no admission queue); a
+    refusal is answered 429. A request the queue sheds gets its charge back."""
+    metrics = state.admission_metrics
+    if metrics is None:
+        return None
+    tenant = tenant_of(request)
+    name = tenant.name if tenant is not None else ANONYMOUS
+    label = kind(follow_up)
+    if state.limits is not None:
+        refused = state.limits.charge(name, tokens)
+        if refused is not None:
+            metrics.shed.labels(RATE_LIMIT, label, name).inc()
+            raise rate_limited(name, refused)
     if state.admission is None:
+        metrics.admitted.labels(label, "no", name).inc()
+        metrics.wait.labels(label, name).observe(0.0)
         return None
     try:
-        ticket = await state.admission.admit(worker, follow_up)
+        ticket = await state.admission.admit(worker, follow_up, name, priority)
     except Shed as e:
+        if state.limits is not None:
+            state.limits.refund(name, tokens)
         raise refusal(e, state.admission.config.retry_after) from None
+    except asyncio.CancelledError:
+        if state.limits is not None:
+            state.limits.refund(name, tokens)
+        raise
     request[ADMISSION] = ticket
     return ticket
+
+
+# SGLang takes a signed 64-bit priority (its tokenizer manager refuses others)
+_PRIORITY_RANGE = range(-(1 << 63), 1 << 63)
+
+
+def _priority(body: dict[str, Any], tenant: Tenant | None) -> int:
+    """The body's `priority` (SGLang's field: higher goes first; 0 when absent), within the
+    tenant's max_priority (a 400 past it). The body is not changed."""
+    p = body.get("priority")
+    if p is None:
+        return 0
+    if type(p) is not int or p not in _PRIORITY_RANGE:
+        raise bad_request("'priority' must be an integer (signed 64-bit).", param="priority")
+    if tenant is not None and tenant.max_priority is not None and p > tenant.max_priority:
+        raise bad_request(
+            f"'priority' {p} is above the highest this API key may ask for "
+            f"({tenant.max_priority}).",
+            param="priority",
+        )
+    return p
 
 
 async def admission_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -823,7 +898,7 @@ def build_app(state: RouterState) -> web.Application:
         middlewares=[
             *_tracing_middleware(),  # outermost: its span covers the refusals too
             api_messages.error_middleware(),
-            auth_middleware(state.config.auth()),
+            auth_middleware(state.auth),
         ],
     )
     app[STATE] = state
@@ -838,6 +913,8 @@ def build_app(state: RouterState) -> web.Application:
     app.on_cleanup.append(on_cleanup)
     if state.admission is not None:
         app.on_response_prepare.append(admission_headers)
+    if state.tenants is not None:
+        app.on_response_prepare.append(tenant_header)
     # every route gets the Expect handler that cannot fail (http_guards)
     guard = expect_continue
     for endpoint in Endpoint:

@@ -7,7 +7,8 @@ Three kinds of endpoint:
   address and state): --admin-api-key; without it, the --api-key; with no key at all, loopback
   clients only;
 - inference: everything else (generation, /v1/models, GET /workers, /smetric/prefix_match):
-  --api-key when one is set.
+  --api-key when one is set; with --api-key-file, any tenant's key, and the request carries its
+  tenant (`tenant_of`) to admission (its rate limits, share of the queue and priority cap).
 Keys are compared in constant time. A request that carries a body must declare it JSON (415
 otherwise): a browser cannot send that cross-site without a CORS preflight, which the router never
 grants; an admin request from a browser page of another origin is refused outright, as a bodiless
@@ -29,6 +30,7 @@ from enum import Enum
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from smetric_router.admission.tenants import Tenant, TenantTable
 from smetric_router.router.api_messages import API_KEY_HEADER, is_messages
 from smetric_router.router.errors import RouterError
 
@@ -39,6 +41,9 @@ ADMIN_PATHS = frozenset({"/flush_cache", "/dashboard/data"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # The Authorization header line the proxies send to the worker (b"" = none).
 _UPSTREAM: web.RequestKey[bytes] = web.RequestKey("smetric_upstream_auth", bytes)
+# The tenant whose key the request carried (with --api-key-file only).
+_TENANT: web.RequestKey[Tenant] = web.RequestKey("smetric_tenant", Tenant)
+TENANT_HEADER = "x-smetric-tenant"
 
 
 class Access(Enum):
@@ -61,6 +66,7 @@ class AuthPolicy:
     admin_api_key: str | None = field(default=None, repr=False)
     worker_api_key: str | None = field(default=None, repr=False)
     forward_authorization: bool = False
+    tenants: TenantTable | None = field(default=None, repr=False)  # --api-key-file
 
 
 def describe(policy: AuthPolicy) -> str:
@@ -79,6 +85,8 @@ def describe(policy: AuthPolicy) -> str:
         else "none"
     )
     inference = "key" if policy.api_key is not None else "open"
+    if policy.tenants is not None:
+        inference = f"tenants' keys ({', '.join(policy.tenants.names)})"
     return f"inference endpoints: {inference}; admin endpoints: {admin}; to workers: {upstream}"
 
 
@@ -120,9 +128,8 @@ def _anthropic_key(request: web.Request) -> str | None:
     return (request.headers.get(API_KEY_HEADER) or None) if is_messages(request.path) else None
 
 
-def check_inference(policy: AuthPolicy, request: web.Request) -> None:
-    if policy.api_key is None:
-        return
+def _client_key(request: web.Request) -> str:
+    """The key an inference request carries; 401 when it carries none."""
     token = _token(request.headers.get("Authorization")) or _anthropic_key(request)
     if token is None:
         also = " (or 'x-api-key: KEY')" if is_messages(request.path) else ""
@@ -130,8 +137,34 @@ def check_inference(policy: AuthPolicy, request: web.Request) -> None:
             "You didn't provide an API key: send it as the header 'Authorization: Bearer KEY'"
             f"{also}."
         )
-    if not _same(token, policy.api_key):
+    return token
+
+
+def check_inference(policy: AuthPolicy, request: web.Request) -> None:
+    if policy.api_key is None:
+        return
+    if not _same(_client_key(request), policy.api_key):
         raise _unauthorized("Incorrect API key provided.")
+
+
+def check_tenant(tenants: TenantTable, request: web.Request) -> Tenant:
+    """The tenant whose key the request carries (--api-key-file); 401 as check_inference."""
+    tenant = tenants.identify(_client_key(request))
+    if tenant is None:
+        raise _unauthorized("Incorrect API key provided.")
+    return tenant
+
+
+def tenant_of(request: web.Request) -> Tenant | None:
+    """The request's tenant; None without --api-key-file (admission's "anonymous")."""
+    return request.get(_TENANT)
+
+
+async def tenant_header(request: web.Request, response: web.StreamResponse) -> None:
+    """x-smetric-tenant: the tenant's name (never its key), with --api-key-file."""
+    tenant = request.get(_TENANT)
+    if tenant is not None:
+        response.headers[TENANT_HEADER] = tenant.name
 
 
 def check_admin(policy: AuthPolicy, request: web.Request) -> None:
@@ -204,6 +237,8 @@ def auth_middleware(policy: AuthPolicy) -> Middleware:
         try:
             if access is Access.ADMIN:
                 check_admin(policy, request)
+            elif access is Access.INFERENCE and policy.tenants is not None:
+                request[_TENANT] = check_tenant(policy.tenants, request)
             elif access is Access.INFERENCE:
                 check_inference(policy, request)
             check_json_body(request)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from smetric_router.admission.gate import AdmissionConfig
+from smetric_router.admission.tenants import TenantTable, load_tenants
 from smetric_router.breaker.state import BreakerConfig
 from smetric_router.cluster.inflight import GRACE_S
 from smetric_router.core.flags import Flag, nested, option
@@ -636,6 +637,23 @@ class RouterConfig:
         ),
         repr=False,
     )
+    api_key_file: str | None = option(
+        None,
+        Flag(
+            "--api-key-file",
+            "tenants: a YAML or JSON file {tenants: [...]}, each entry a name and a key (or "
+            "key_env, an environment variable holding it) with optional requests_per_minute, "
+            "tokens_per_minute (prompt tokens as the router counts them, max_tokens not "
+            "included), weight in the admission queue (default 1) and max_priority (the "
+            "highest `priority` its requests may ask; more is a 400). Inference endpoints then "
+            "need one of its keys (401 otherwise); a tenant over a limit gets 429 with "
+            "Retry-After. Given with --api-key, that key is one more tenant, 'default', without "
+            "limits. Each router process keeps its own buckets "
+            "(docs/admission.md#tenants-and-priorities)",
+            metavar="PATH",
+            group=AUTH,
+        ),
+    )
     worker_api_key: str | None = option(
         None,
         Flag(
@@ -929,6 +947,7 @@ class RouterConfig:
                 not key or any(c.isspace() or not c.isprintable() or not c.isascii() for c in key)
             ):
                 raise ValueError(f"{name} must be non-empty printable ASCII without blanks")
+        self.tenants()  # a bad key file stops the start, naming the field
         if self.worker_api_key is not None and self.forward_authorization:
             raise ValueError(
                 "--worker-api-key and --forward-authorization exclude each other: the workers get "
@@ -1059,9 +1078,21 @@ class RouterConfig:
             + [WorkerSpec(u, Role.DECODE) for u in self.decode_urls]
         )
 
-    def auth(self) -> AuthPolicy:
+    def tenants(self) -> TenantTable | None:
+        """--api-key-file's tenants (read now, keys from the environment where the file says
+        so); None without a key file. Raises ValueError (KeyFileError) naming the field."""
+        if self.api_key_file is None:
+            return None
+        return load_tenants(self.api_key_file, self.api_key)
+
+    def auth(self, tenants: TenantTable | None = None) -> AuthPolicy:
+        """tenants: the table tenants() read (given, so the file is read once per router)."""
         return AuthPolicy(
-            self.api_key, self.admin_api_key, self.worker_api_key, self.forward_authorization
+            self.api_key,
+            self.admin_api_key,
+            self.worker_api_key,
+            self.forward_authorization,
+            tenants,
         )
 
     def worker_headers(self) -> dict[str, str]:

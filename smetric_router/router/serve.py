@@ -144,7 +144,9 @@ async def serve(
             )
         if config.discovery_kind is not None:
             log.info("workers also from discovery: %s", config.discovery_kind)
-        log.info("auth: %s", describe(config.auth()))
+        log.info("auth: %s", describe(state.auth))
+        if state.tenants is not None:
+            log.info("tenants: %s", state.tenants.describe())
         if replicas:
             log.info("%d more router processes on port %d", len(replicas), ports["http"])
         await stop.wait()

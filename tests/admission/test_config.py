@@ -36,7 +36,7 @@ def test_flags_make_the_gates_settings() -> None:
     state = RouterState(config, _no_features, None, None, None)
     assert state.admission is not None
     assert admission_headers in build_app(state).on_response_prepare
-    assert "smetric_admission_queued 0.0" in state.metrics.render().decode()
+    assert 'smetric_admission_queued{tenant="anonymous"} 0.0' in state.metrics.render().decode()
 
 
 def test_retry_after_is_the_timeout_in_whole_seconds_within_bounds() -> None:

@@ -29,13 +29,14 @@ def make_gate(
     config = AdmissionConfig(cap, size, timeout, 5.0, max_queued)
 
     def metrics(g: Gate) -> AdmissionMetrics:
-        return AdmissionMetrics(registry, lambda: g.queued, lambda: g.running)
+        return AdmissionMetrics(registry, ["anonymous"], g.queued_by_tenant, lambda: g.running)
 
     return Gate(config, lambda: rooms or [], metrics, clock), clock, registry
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
+    """The sample of the one tenant (anonymous) unless the labels name another."""
+    return registry.get_sample_value(name, {"tenant": "anonymous", **labels}) or 0.0
 
 
 async def queued(gate: Gate, n: int) -> None:

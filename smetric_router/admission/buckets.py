@@ -1,0 +1,111 @@
+"""Token buckets for the tenants' rate limits, as pure structures on an injected clock.
+
+A bucket holds up to one minute's allowance and refills continuously at allowance / 60 per
+second, so a tenant may burst a whole minute's worth at once and then goes at its rate. A
+request is let through when the bucket holds what it costs, and takes that much. One that costs
+more than a whole minute's allowance (a prompt longer than tokens_per_minute) is let through on
+a full bucket and leaves it in debt: it is never refused for good, and the debt is paid back
+before the next one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+REQUESTS = "requests"
+TOKENS = "tokens"
+
+
+class TokenBucket:
+    def __init__(self, per_minute: float, clock: Callable[[], float]) -> None:
+        if not per_minute > 0:
+            raise ValueError(f"a bucket's allowance must be > 0 per minute, got {per_minute}")
+        self.capacity = float(per_minute)
+        self.rate = per_minute / 60.0  # per second
+        self._clock = clock
+        self._level = self.capacity  # starts full
+        self._at = clock()
+
+    @property
+    def level(self) -> float:
+        now = self._clock()
+        if now > self._at:
+            self._level = min(self.capacity, self._level + (now - self._at) * self.rate)
+            self._at = now
+        return self._level
+
+    def wait(self, amount: float) -> float:
+        """Seconds until the bucket can let `amount` through (0: now)."""
+        missing = min(amount, self.capacity) - self.level
+        return 0.0 if missing <= 0 else missing / self.rate
+
+    def take(self, amount: float) -> None:
+        self._level = self.level - amount
+
+    def give_back(self, amount: float) -> None:
+        """Undo a take() whose request was not served after all (never past full)."""
+        self._level = min(self.capacity, self.level + amount)
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A request over its tenant's limit: which one (REQUESTS or TOKENS), its allowance per
+    minute, and the whole seconds until the bucket has room (>= 1), for Retry-After."""
+
+    limit: str
+    per_minute: float
+    retry_after: int
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """One tenant's allowances per minute (None: not limited)."""
+
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+
+
+class RateLimiter:
+    """Each limited tenant's buckets. charge() is all or nothing: a request refused by one
+    bucket takes nothing from the other."""
+
+    def __init__(self, limits: Iterable[tuple[str, Limits]], clock: Callable[[], float]) -> None:
+        self._buckets: dict[str, list[tuple[str, TokenBucket]]] = {}
+        for tenant, lim in limits:
+            buckets = []
+            if lim.requests_per_minute is not None:
+                buckets.append((REQUESTS, TokenBucket(lim.requests_per_minute, clock)))
+            if lim.tokens_per_minute is not None:
+                buckets.append((TOKENS, TokenBucket(lim.tokens_per_minute, clock)))
+            if buckets:
+                self._buckets[tenant] = buckets
+
+    def __bool__(self) -> bool:
+        return bool(self._buckets)
+
+    def charge(self, tenant: str, tokens: int) -> Refused | None:
+        """Let a request of `tokens` prompt tokens through (None), taking from the tenant's
+        buckets, or say why not (taking nothing)."""
+        buckets = self._buckets.get(tenant)
+        if buckets is None:
+            return None
+        cost = {REQUESTS: 1.0, TOKENS: float(tokens)}
+        worst: tuple[float, str, TokenBucket] | None = None
+        for limit, bucket in buckets:
+            wait = bucket.wait(cost[limit])
+            if wait > 0 and (worst is None or wait > worst[0]):
+                worst = (wait, limit, bucket)
+        if worst is not None:
+            wait, limit, bucket = worst
+            return Refused(limit, bucket.capacity, max(1, math.ceil(wait - 1e-9)))
+        for limit, bucket in buckets:
+            bucket.take(cost[limit])
+        return None
+
+    def refund(self, tenant: str, tokens: int) -> None:
+        """Give back a charge whose request left unserved (the admission queue shed it)."""
+        cost = {REQUESTS: 1.0, TOKENS: float(tokens)}
+        for limit, bucket in self._buckets.get(tenant, ()):
+            bucket.give_back(cost[limit])
