@@ -218,9 +218,9 @@ class AdmissionQueue:
         admitted (nothing changes here; pick() applies it)."""
         vtime = dict(self._vtime)
         for cls in self._classes():
-            first = {t: min(e.seq for e in entries) for t, entries in cls.items()}
             while cls:
-                tenant = min(cls, key=lambda t: (vtime[t], first[t]))
+                # ties: the tenant whose waiting entry in the class came first
+                tenant = min(cls, key=lambda t: (vtime[t], min(e.seq for e in cls[t])))
                 entries = cls[tenant]
                 for i, e in enumerate(entries):
                     if room.fits(e.worker):

@@ -152,3 +152,38 @@ async def test_a_follow_up_waits_for_its_worker_to_drain() -> None:
     rooms[0] = WorkerRoom(A, True, 1.0)  # the next load report: it drained
     (await waiting).release()
     await gate.close()
+
+
+async def test_tenants_share_the_slots_by_weight_and_are_counted_apart() -> None:
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    config = AdmissionConfig(1, 20, 30.0, 5.0, 0)
+
+    def metrics(g: Gate) -> AdmissionMetrics:
+        return AdmissionMetrics(registry, ["a", "b"], g.queued_by_tenant, lambda: g.running)
+
+    gate = Gate(config, lambda: [], metrics, clock, weights={"a": 1, "b": 3})
+    held = await gate.admit(None, False, "a")
+    waiting = []
+    for i in range(4):
+        for t in ("a", "b"):
+            waiting.append((t, asyncio.create_task(gate.admit(None, False, t, priority=i))))
+            await queued(gate, len(waiting))
+    assert sample(registry, "smetric_admission_queued", tenant="b") == 4
+    order = []
+    ticket = held
+    for _ in range(4):
+        ticket.release()
+        done, _ = await asyncio.wait([t for _, t in waiting], return_when=asyncio.FIRST_COMPLETED)
+        (task,) = done
+        order.append(next(name for name, t in waiting if t is task))
+        waiting = [(n, t) for n, t in waiting if t is not task]
+        ticket = task.result()
+    assert sorted(order) == ["a", "b", "b", "b"], order
+    ticket.release()
+    for next_done in asyncio.as_completed([t for _, t in waiting]):  # each admitted in turn
+        (await next_done).release()
+    assert sample(registry, "smetric_admission_admitted_total", kind="first_turn",
+                  queued="yes", tenant="b") == 4  # fmt: skip
+    assert gate.running == 0
+    await gate.close()
