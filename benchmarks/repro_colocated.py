@@ -10,8 +10,10 @@ replayed window); the script generates a missing trace with exactly that command
 one `Cluster.run` on 32 instances of the default H20 + Qwen3-30B-A3B profile with the simulator's
 default SLO (TTFT 2 s + 0.12 ms per input token, TPOT 30 ms; chosen before any policy result was
 looked at), in the paper's tier mode unless a figure says otherwise. Runs are cached under CACHE,
-keyed by every setting and by a hash of the simulator / engine / trace / policy sources
-(`CODE_VERSION`), so a run made by other code is never reused; figures sharing runs cost nothing
+keyed by every setting, by a hash of the simulator / engine / trace sources (`CODE_VERSION`)
+and by one of the policy's own sources (`policy_hash`: the policies package less the other
+policies' modules), so a run made by other code is never reused, and a change to one policy
+re-runs that policy's rows only; figures sharing runs cost nothing
 twice. `plan` prints how many runs each figure needs and how many are cached; `all` first runs
 every missing run of every figure in one pool of --jobs processes, then writes the figures.
 
@@ -43,7 +45,7 @@ import orjson
 
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures
 from smetric_router.engine.timing import load_profile
-from smetric_router.policies import make_policy
+from smetric_router.policies import make_policy, policy_names
 from smetric_router.policies.base import PolicyParams
 from smetric_router.sim.cluster import Cluster, RunResult, arrival_order
 from smetric_router.sim.config import SimConfig
@@ -121,8 +123,23 @@ def _source_hash(*packages: str) -> str:
 
 CODE_VERSION = {
     "traces": _source_hash("traces"),
-    "model": _source_hash("sim", "engine", "policies", "core", "traces"),
+    "model": _source_hash("sim", "engine", "core", "traces"),
 }
+
+
+def policy_hash(name: str) -> str:
+    """Hash of the policy sources a policy's runs depend on: the policies package without the
+    other policies' own modules, so that changing one policy re-runs its rows and no other's."""
+    own = sys.modules[type(make_policy(name)).__module__].__file__
+    others = {sys.modules[type(make_policy(n)).__module__].__file__ for n in policy_names()} - {own}
+    h = hashlib.sha256()
+    for f in sorted((REPO / "smetric_router" / "policies").glob("*.py")):
+        if str(f) not in others:
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:6]
+
+
 STUDY = Study()
 SEEDS = STUDY.seeds
 
@@ -158,8 +175,8 @@ class Spec:
     nic_gbps: float = NIC_GBPS
     fetch_ms: float = 1.5
     prefetch: str = "timeout"
-    overload: float = 2.0
-    slack: float = 2.0
+    overload: float = 2.0  # smetric-paper's OVERLOAD
+    move_cost: float = 2.0  # smetric's MOVE_COST_RATIO
     hit_ratio: float = 0.5
     lam: float | None = None  # Bailian's λ; None = the one bailian_lambda's rule chooses
     hints: bool = False  # the trace's session id as the agent's session header
@@ -176,9 +193,10 @@ class Spec:
             + (f"-{self.prefetch}" if self.tier_mode == "hicache" else "")
         )
         return (
-            f"{CODE_VERSION['model']}-{STUDY.tag()}-s{self.seed}-{self.policy}"
+            f"{CODE_VERSION['model']}{policy_hash(self.policy)}-{STUDY.tag()}-s{self.seed}"
+            f"-{self.policy}"
             f"-r{self.rate * BASE_RATE:g}-{tier}"
-            f"-o{self.overload:g}-s{self.slack:g}-h{self.hit_ratio:g}"
+            f"-o{self.overload:g}-m{self.move_cost:g}-h{self.hit_ratio:g}"
             + (f"-lam{self.bailian_lam():g}" if self.policy == "bailian" else "")
             + ("-hints" if self.hints else "")
             + (f"-sample{self.sample}" if self.sample else "")
@@ -188,7 +206,7 @@ class Spec:
 def sim_config(spec: Spec) -> SimConfig:
     params = PolicyParams(
         overload=spec.overload,
-        overload_slack=spec.slack,
+        move_cost_ratio=spec.move_cost,
         hit_ratio=spec.hit_ratio,
         bailian_lambda=spec.bailian_lam() if spec.policy == "bailian" else 0.6,
     )
@@ -762,7 +780,7 @@ def fig12() -> None:
 
 
 def fig14_specs() -> list[Spec]:
-    basic = Spec("smetric", AT, overload=math.inf, slack=math.inf, hit_ratio=0.0)
+    basic = Spec("smetric", AT, move_cost=math.inf, hit_ratio=0.0)
     return [Spec("smetric", AT, seed=s) for s in SEEDS] + [basic]
 
 
@@ -802,8 +820,8 @@ def fig14() -> None:
     ]
     gain = spread([rows[0]["tps_within_slo"] / rows[n]["tps_within_slo"] - 1])
     body = [
-        f"SMetric (OVERLOAD 2, slack 2, HIT_RATIO 0.5) vs SMetric (basic: `--overload inf "
-        f"--overload-slack inf --hit-ratio 0`), fully provisioned global tier, rate {AT:g}x; "
+        f"SMetric (MOVE_COST_RATIO 2, HIT_RATIO 0.5) vs SMetric (basic: `--move-cost-ratio inf "
+        f"--hit-ratio 0`), fully provisioned global tier, rate {AT:g}x; "
         "SMetric mean [min–max] over the trace seeds, basic on seed 1 (CPU budget).",
         "",
         "Per-window (30 s, from first to last arrival, read from the runs' `windows`) imbalance "
@@ -945,12 +963,12 @@ def fig15() -> None:
     write("fig15", "Figure 15 — rate sweep", body, rows)
 
 
-OVERLOADS = (1.0, 2.0, math.inf)
+MOVE_COSTS = (1.0, 2.0, 4.0, math.inf)  # smetric's stand-in for the paper's OVERLOAD
 HITS = (0.0, 0.5)
 
 
 def fig25_specs() -> list[Spec]:
-    return [Spec("smetric", AT, overload=o) for o in OVERLOADS] + [
+    return [Spec("smetric", AT, move_cost=m) for m in MOVE_COSTS] + [
         Spec("smetric", AT, hit_ratio=h) for h in HITS
     ]
 
@@ -1046,10 +1064,10 @@ def session_hints() -> None:
 
 def fig25() -> None:
     rows = runs(fig25_specs())
-    o_rows, h_rows = rows[: len(OVERLOADS)], rows[len(OVERLOADS) :]
+    o_rows, h_rows = rows[: len(MOVE_COSTS)], rows[len(MOVE_COSTS) :]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, xs, rs, name in (
-        (axes[0], OVERLOADS, o_rows, "OVERLOAD"),
+        (axes[0], MOVE_COSTS, o_rows, "MOVE_COST_RATIO"),
         (axes[1], HITS, h_rows, "HIT_RATIO"),
     ):
         lab = [f"{x:g}" for x in xs]
@@ -1087,9 +1105,11 @@ def fig25() -> None:
     head = ("TPS@SLO", "vs default", "local hit", "reuse", "imbalance", "sticky")
     body = [
         f"SMetric, fully provisioned global tier, rate {AT:g}x, trace seed 1; one parameter "
-        "swept, the others at their defaults (OVERLOAD 2, slack 2, HIT_RATIO 0.5).",
+        "swept, the others at their defaults (MOVE_COST_RATIO 2, HIT_RATIO 0.5). SMetric's "
+        "overload guard is a ratio of costs (policies/smetric.py), so the paper's OVERLOAD "
+        "sweep is a MOVE_COST_RATIO sweep here (inf: never moved for load).",
         "",
-        *md_table(("OVERLOAD", *head), rows_of(OVERLOADS, o_rows, 2.0)),
+        *md_table(("MOVE_COST_RATIO", *head), rows_of(MOVE_COSTS, o_rows, 2.0)),
         "",
         *md_table(("HIT_RATIO", *head), rows_of(HITS, h_rows, 0.5)),
         "",
@@ -1098,7 +1118,7 @@ def fig25() -> None:
         "",
         save(fig, "fig25"),
     ]
-    write("fig25", "Figure 25 — OVERLOAD and HIT_RATIO sensitivity", body, rows)
+    write("fig25", "Figure 25 — overload guard and HIT_RATIO sensitivity", body, rows)
 
 
 SAMPLES = (1, 2)  # session samples of trace seed 1 (the sampling figure)
@@ -1450,10 +1470,10 @@ def reuse() -> None:
     )
 
 
-def moves(overload: float = 2.0) -> None:
+def moves(move_cost: float = 2.0) -> None:
     """Where SMetric's follow-ups go (seed 1, rate AT, full tier): each follow-up's decision
     reason, and each one off its session's first instance by why it left."""
-    params = PolicyParams(overload=overload)
+    params = PolicyParams(move_cost_ratio=move_cost)
     inner = make_policy("smetric", params)
     seen: list[tuple[str, dict[str, int], str]] = []
 
@@ -1468,7 +1488,7 @@ def moves(overload: float = 2.0) -> None:
             return d
 
     reqs = trace(SEEDS[0])
-    cfg = sim_config(Spec("smetric", AT, overload=overload))
+    cfg = sim_config(Spec("smetric", AT, move_cost=move_cost))
     res = Cluster(cfg, Recorder(), math.inf).run(reqs, AT * BASE_RATE)
     prev: dict[str, int] = {}
     followups = 0
@@ -1491,7 +1511,10 @@ def moves(overload: float = 2.0) -> None:
                     kind = "moved: another instance has a longer hit"
                 tally[kind] = tally.get(kind, 0) + 1
         prev[req.session] = rec.instance
-    print(f"smetric, OVERLOAD {overload:g}, rate {AT:g}x, full tier, seed {SEEDS[0]}: {followups}")
+    print(
+        f"smetric, MOVE_COST_RATIO {move_cost:g}, rate {AT:g}x, full tier, seed {SEEDS[0]}: "
+        f"{followups}"
+    )
     print("follow-ups whose session's first request is in the window; their decisions:")
     for kind, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
         print(f"  {n:5d} ({n / followups:.1%})  {kind}")

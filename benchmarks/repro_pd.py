@@ -42,7 +42,7 @@ import orjson
 
 from smetric_router.policies.base import make_policy
 from smetric_router.sim.config import SimConfig
-from smetric_router.sim.pd import PdCluster, pd_params, summarize_pd, trace_pages
+from smetric_router.sim.pd import PdCluster, summarize_pd, trace_pages
 from smetric_router.sim.report import document, spread
 from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.loaders import load_trace
@@ -102,7 +102,7 @@ def _one(task: tuple[argparse.Namespace, int, float, float, str]) -> tuple[dict[
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
-    return pd_params(SimConfig(instances=args.instances, tier_mode=args.tier_mode))
+    return SimConfig(instances=args.instances, tier_mode=args.tier_mode)
 
 
 def _latency_duration(args: argparse.Namespace) -> float:

@@ -28,22 +28,20 @@ class PolicyParams:
         2.0,
         Flag(
             "--overload",
-            "smetric: a follow-up is not sent to its cache holder when that worker's load "
+            "smetric-paper: a follow-up is not sent to its cache holder when that worker's load "
             "exceeds OVERLOAD x the mean load (it is balanced instead); the paper's OVERLOAD; "
-            "inf = never",
+            "inf = never (smetric bounds moves by --move-cost-ratio instead)",
         ),
     )
-    # SMetric: ...or at most this much above the mean. Request counts are small integers at light
-    # load, and sessions that share a worker arrive there in step: the ratio alone then calls a
-    # worker running 2 requests overloaded when the mean is 0.5. A worker batching tens of requests
-    # does not notice two more, so only an excess beyond this slack counts (0 = the paper's rule).
-    overload_slack: float = option(
+    # SMetric (the default): its overload guard in units of cost, which mean the same at any
+    # cluster size (policies/smetric.py says why and what it measured).
+    move_cost_ratio: float = option(
         2.0,
         Flag(
-            "--overload-slack",
-            "smetric: ...and by more than this much above the mean (in load units: requests), "
-            "so that a couple of extra requests at light load are not an overload; 0 = the "
-            "paper's ratio only",
+            "--move-cost-ratio",
+            "smetric: a follow-up leaves the worker holding its cache when staying would cost "
+            "more than MOVE_COST_RATIO x the cheapest move, a worker's cost being the tokens "
+            "it would prefill there x (its load + 1); inf = never moved for load",
         ),
     )
     hit_ratio: float = option(
@@ -108,8 +106,8 @@ class PolicyParams:
     def __post_init__(self) -> None:
         if self.overload <= 0:
             raise ValueError(f"overload must be > 0, got {self.overload}")
-        if self.overload_slack < 0:
-            raise ValueError(f"overload_slack must be >= 0, got {self.overload_slack}")
+        if not self.move_cost_ratio >= 1:
+            raise ValueError(f"move_cost_ratio must be >= 1, got {self.move_cost_ratio}")
         if not 0 <= self.hit_ratio <= 1:
             raise ValueError(f"hit_ratio must be in [0, 1], got {self.hit_ratio}")
         if not 0 <= self.bailian_lambda <= 1:
@@ -195,5 +193,10 @@ def least_recompute(
 ) -> WorkerView:
     """The worker where the request recomputes least, weighted by what is already in its way:
     (prompt - local hit) x (load + 1), ties round-robin (lmetric-inflight's score)."""
-    scores = [max(features.prompt_len - w.hit, 0) * (w.load + 1) for w in workers]
-    return rr_argmin(workers, scores, tick)
+    return rr_argmin(workers, [recompute_cost(w, features) for w in workers], tick)
+
+
+def recompute_cost(worker: WorkerView, features: RequestFeatures) -> float:
+    """(prompt - local hit) x (load + 1): the tokens the request would prefill on this worker,
+    weighted by the load already there."""
+    return max(features.prompt_len - worker.hit, 0) * (worker.load + 1)

@@ -1,19 +1,26 @@
-"""SMetric's balanced session-centric scheduling: the paper's Figure 13 (kept as written in
-smetric_paper.py) with a cost-aware placement of the follow-ups it does not stick.
+"""SMetric's balanced session-centric scheduling, the default: the paper's Figure 13 (kept as
+written in smetric_paper.py) with its overload guard in units of cost instead of load.
 
 First request of a session -> least load. Follow-up -> the worker with the highest local hit,
-unless that worker is overloaded (load > OVERLOAD x mean, and more than a slack of two requests
-above the mean — see PolicyParams.overload_slack) or the session looks evicted
-(best hit <= HIT_RATIO x est_hit). A follow-up a guard sends away goes, among the workers not
-overloaded, where it recomputes least for the load already there: (prompt - local hit) x
-(load + 1) (base.least_recompute), where the figure takes the least loaded. The figure's rule
-moves it by load alone, onto an instance that then prefills or fetches its whole history, though
-another one nearly as idle holds part of it (its template, an older prefix, the copy left after
-a partial eviction). First requests stay balanced by load: scoring them too (tried) piles the
-sessions of a shared template onto its holders, whose follow-ups the overload guard then moves.
-In the simulator (modelled; benchmarks/results/fig11.md: 3 trace seeds, 32 instances, paper
-tier mode, each seed's best rate) it takes max TPS within SLO from smetric-paper's 156.5K to
-162.4K tokens/s with no global tier and from 304.4K to 308.8K with a full one. Ties round-robin."""
+unless the session looks evicted (best hit <= HIT_RATIO x est_hit) or staying costs more than
+MOVE_COST_RATIO x the cheapest move, where a worker's cost for the request is the tokens it would
+prefill there times what is already in its way: (prompt - local hit) x (load + 1)
+(base.least_recompute's score). A follow-up either guard sends away goes where that cost is
+lowest, where the figure takes the least loaded.
+
+Why cost, not the figure's OVERLOAD x mean load: a ratio of loads means different things at 4
+and at 32 workers, and it ignores what a move costs. On a cluster of 4 the bound is never reached
+(the sticky holders' queues grew while it held); on 32 it moves a long history off a holder that
+is only twice as loaded, onto a worker that then prefills all of it. The cost ratio compares the
+two things a move trades, the queue avoided against the history recomputed, and needs no mean.
+The factor 2 keeps a session on its cache while the two are close. In the simulator (modelled;
+32 instances, paper tier mode, 3 trace seeds, each seed's best rate; benchmarks/results/fig11.md)
+it took max TPS within SLO from 162.4K to 178.8K tokens/s with no global tier (above
+lmetric-inflight on every seed) and left the full-tier figure level (308.8K -> 305.8K, within
+the seeds' spread); factors 1 to 4 were within 2 % of each other.
+
+First requests stay balanced by load: scoring them too (tried) piles the sessions of a shared
+template onto its holders. Ties round-robin."""
 
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from smetric_router.policies.base import (
     healthy_or_raise,
     least_load,
     least_recompute,
+    recompute_cost,
     register,
 )
 from smetric_router.policies.session_home import home
@@ -57,14 +65,7 @@ class SMetric:
         else:
             target = candidates[view.tick % len(candidates)]
 
-        mean_load = sum(w.load for w in workers) / len(workers)
         p = self.params
-        # (an idle cluster has no ratio bound: inf x 0 would be NaN, and no load is above NaN)
-        ratio_bound = p.overload * mean_load if mean_load > 0 else 0.0
-        limit = max(ratio_bound, mean_load + p.overload_slack)
-        if target.load > limit:
-            return self._fallback(workers, features, hint, mean_load, limit, view.tick,
-                                  Reason.OVERLOAD_FALLBACK)  # fmt: skip
         # est_hit == 0 means the request carries no countable history: nothing to have been evicted.
         if features.est_hit > 0 and not best_hit > p.hit_ratio * features.est_hit:
             # Fetchable: the target keeps its local part and loads the rest from L3. Without any
@@ -76,7 +77,16 @@ class SMetric:
             held = p.hit_ratio * features.est_hit
             shut = any(w.healthy and w.breaker_open and w.hit > held for w in view.workers)
             reason = Reason.BREAKER_OPEN if shut else Reason.EVICTED_FALLBACK
-            return self._fallback(workers, features, hint, mean_load, limit, view.tick, reason)
+            return self._fallback(workers, features, hint, view.tick, reason)
+        others = [w for w in workers if w is not target]
+        if others:
+            move = least_recompute(others, features, view.tick)
+            stay = recompute_cost(target, features)
+            if stay > p.move_cost_ratio * recompute_cost(move, features):
+                if hint is None:
+                    return Decision(move.url, Reason.OVERLOAD_FALLBACK.value)
+                return self._fallback(workers, features, hint, view.tick,
+                                      Reason.OVERLOAD_FALLBACK)  # fmt: skip
         return Decision(target.url, Reason.STICKY.value)
 
     @staticmethod
@@ -84,22 +94,19 @@ class SMetric:
         workers: tuple[WorkerView, ...],
         features: RequestFeatures,
         hint: str | None,
-        mean: float,
-        limit: float,
         tick: int,
         reason: Reason,
     ) -> Decision:
-        """Least recompute for the load among the workers not overloaded (the least loaded never
-        is), so an overloaded holder's hit cannot win the request back. With a session hint, the
-        session's home among the workers at or below the mean load (the least loaded always is),
-        where its next follow-ups will find this request's cache: a bound of the mean, not the
-        sticky guard's OVERLOAD x mean, as moving costs the history's prefill anyway, so the move
-        should not also buy a queue (the looser bound lost up to 1% TPS within SLO in the
-        simulator without cache pressure). A holder's open circuit keeps its reason with a hint
-        too: that the worker is failing matters more to whoever reads the headers."""
+        """Least recompute for the load. With a session hint, the session's home among the
+        workers at or below the mean load (the least loaded always is), where its next follow-ups
+        will find this request's cache: a bound of the mean, as moving costs the history's
+        prefill anyway, so the move should not also buy a queue (a looser bound lost up to 1%
+        TPS within SLO in the simulator without cache pressure). A holder's open circuit keeps
+        its reason with a hint too: that the worker is failing matters more to whoever reads the
+        headers."""
         if hint is None:
-            fit = [w for w in workers if w.load <= limit]
-            return Decision(least_recompute(fit, features, tick).url, reason.value)
+            return Decision(least_recompute(workers, features, tick).url, reason.value)
+        mean = sum(w.load for w in workers) / len(workers)
         chosen = home(hint, [w for w in workers if w.load <= mean])
         if reason is not Reason.BREAKER_OPEN:
             reason = Reason.SESSION_HINT_FALLBACK

@@ -215,7 +215,7 @@ class RouterState:
             self._registry.breakers = Breakers(breaker, BreakerMetrics(self.metrics.registry))
         if c.pd_disaggregation:
             # The prefill side is where KV reuse pays: it gets the hits and the text tree.
-            policy = make_policy(c.prefill_policy_name, c.prefill_params())
+            policy = make_policy(c.prefill_policy_name, c.policy_params)
             role = Role.PREFILL
         else:
             policy, role = make_policy(c.policy, c.policy_params), Role.WORKER

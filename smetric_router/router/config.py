@@ -7,7 +7,7 @@ Each field declares its own command-line flag (core/flags.py): `smetric-router`'
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -397,15 +397,6 @@ class RouterConfig:
             choices=policy_names,
             group=PD,
             unset=True,  # given without --pd-disaggregation is an error
-        ),
-    )
-    # SMetric's overload slack for prefill instances, whose load is unprefilled tokens.
-    prefill_overload_slack: float = option(
-        4096.0,
-        Flag(
-            "--prefill-overload-slack",
-            "smetric on prefill instances: --overload-slack in unprefilled tokens",
-            group=PD,
         ),
     )
     # Dispatch until the prefill is done (its reply ended, or decode's first byte) at most this.
@@ -926,8 +917,6 @@ class RouterConfig:
             raise ValueError("l3_budget_secs must be > 0, l3_cache_ttl_secs and l3_tp_rank >= 0")
         if not 0 <= self.shutdown_grace_secs < float("inf"):
             raise ValueError("shutdown_grace_secs must be >= 0")
-        if self.prefill_overload_slack < 0:
-            raise ValueError("prefill_overload_slack must be >= 0")
         if self.pd_disaggregation:
             if self.worker_urls:
                 raise ValueError(
@@ -1098,7 +1087,3 @@ class RouterConfig:
     def worker_headers(self) -> dict[str, str]:
         """What the router's own calls to the workers (health, info, loads, flush) carry."""
         return bearer(self.worker_api_key) if self.worker_api_key is not None else {}
-
-    def prefill_params(self) -> PolicyParams:
-        """Prefill load counts tokens, so the request-count slack is replaced by a token one."""
-        return replace(self.policy_params, overload_slack=self.prefill_overload_slack)

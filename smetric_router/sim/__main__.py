@@ -31,9 +31,7 @@ from smetric_router.sim.cluster import Cluster
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.metrics import summarize
 from smetric_router.sim.pd import (
-    PREFILL_OVERLOAD_SLACK,
     PdCluster,
-    pd_params,
     summarize_pd,
     trace_pages,
 )
@@ -106,12 +104,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pd", action="store_true", help="PD disaggregation: simulate the prefill instances only"
     )
-    p.add_argument(
-        "--prefill-overload-slack",
-        type=float,
-        default=PREFILL_OVERLOAD_SLACK,
-        help="--pd: SMetric's overload slack in unprefilled tokens (replaces --overload-slack)",
-    )
     p.add_argument("--json", type=Path, default=None, help="write the results document here")
     p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this folder")
     p.add_argument(
@@ -141,7 +133,7 @@ def run(
     pd: bool = False,
     sample_seed: int | None = None,
 ) -> list[dict[str, Any]]:
-    """pd: cfg.params should already carry the token slack (sim.pd.pd_params). sample_seed: each
+    """sample_seed: each
     rate scale is the fraction of sessions kept (traces/sample.py), replayed at scale 1."""
     # per rate scale, once for every run at it: the requests replayed, the clock's stretch and
     # (PD) their pages
@@ -175,8 +167,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in policies:
             if make_policy(name, cfg.params).uses_text_tree and args.pd:
                 raise ValueError(f"policy {name!r} (text tree) is not modelled under --pd")
-        if args.pd:
-            cfg = pd_params(cfg, args.prefill_overload_slack)
         for r in args.rate_scale:
             if r <= 0:
                 raise ValueError(f"--rate-scale values must be > 0, got {r:g}")

@@ -160,7 +160,7 @@ class SimConfig:
     # the router's flags of the policies the simulator models
     params: PolicyParams = field(
         default_factory=PolicyParams,
-        metadata=nested(only=("overload", "overload_slack", "hit_ratio", "bailian_lambda")),
+        metadata=nested(only=("overload", "move_cost_ratio", "hit_ratio", "bailian_lambda")),
     )
     slo: Slo = field(default_factory=Slo, metadata=nested())
     window_s: float = option(30.0, Flag("--window-s", "window of imbalance_mean, seconds"))

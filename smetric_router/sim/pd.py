@@ -14,7 +14,6 @@ builds (router/workers.py, router/pd.py):
   not modelled;
 - running stays None, as in the router's PD views: LMetric then scores by the unprefilled
   tokens (policies/lmetric.py);
-- SMetric's overload slack is in tokens (the router's --prefill-overload-slack, default 4096);
 - hit / gpu_hit, turn and est_hit as in the colocated simulator (sim/cluster.py).
 
 Step semantics are the colocated simulator's: a step's effect on the engine applies when it
@@ -52,8 +51,6 @@ from smetric_router.sim.metrics import imbalance_mean, percentile, placement, ti
 from smetric_router.sim.pages import PageMapper
 from smetric_router.sim.tiers import HiCachePrefetch, TierPort, Tiers, prefetch_wake
 from smetric_router.traces.schema import TraceRequest
-
-PREFILL_OVERLOAD_SLACK = 4096.0  # tokens: the router's --prefill-overload-slack default
 
 
 @dataclass(slots=True)
@@ -327,8 +324,3 @@ def summarize_pd(
         "followup_stickiness": where.followup_stickiness,
         **tier_fields(run, span),
     }
-
-
-def pd_params(cfg: SimConfig, prefill_overload_slack: float = PREFILL_OVERLOAD_SLACK) -> SimConfig:
-    """The config with SMetric's overload slack in unprefilled tokens, as the router's PD mode."""
-    return replace(cfg, params=replace(cfg.params, overload_slack=prefill_overload_slack))

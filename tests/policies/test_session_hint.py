@@ -68,8 +68,8 @@ def test_home_above_the_mean_load_is_skipped_for_the_next_in_rank() -> None:
 
 
 def test_overload_fallback_goes_home_too() -> None:
-    # holder w0 overloaded (7 > 2 x 2.5); the session's home w1 is at the mean
-    view = cluster(w(load=7, hit=800), w(load=2), w(load=0), w(load=1))
+    # holder w0 costs 200 x 11 > 2 x the idle w2's 1000; the session's home w1 is under the mean
+    view = cluster(w(load=10, hit=800), w(load=2), w(load=0), w(load=1))
     hint = session_homed_at("w1", ["w1", "w2", "w3"])
     d = SMETRIC.decide(hinted(req(turn=1, est_hit=800), hint), view)
     assert (d.worker, d.reason) == ("w1", "session-hint-fallback")

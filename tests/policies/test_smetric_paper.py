@@ -18,7 +18,7 @@ def test_first_turn_to_least_load_follow_up_to_best_hit() -> None:
 
 
 def test_overload_is_the_bare_ratio_with_no_slack() -> None:
-    # mean 0.75: 2 x mean = 1.5 < 2, where the default's slack of two requests keeps it sticky
+    # mean 0.75: 2 x mean = 1.5 < 2, where the default's cost guard keeps it sticky
     view = cluster(w(load=2, hit=800), w(load=1), w(), w())
     d = PAPER.decide(req(turn=1, est_hit=800), view)
     assert (d.worker, d.reason) == ("w2", "overload-fallback")

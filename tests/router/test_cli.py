@@ -84,10 +84,11 @@ _EVERY_FLAG: list[tuple[list[str], dict[str, Any]]] = [
       "--request-timeout-secs", "5"],
      {"prometheus_port": 9, "prometheus_host": "0.0.0.0", "log_level": "debug",
       "request_timeout_secs": 5.0}),
-    (["--overload", "3", "--overload-slack", "0", "--hit-ratio", "0.2", "--bailian-lambda", "0.3",
-      "--cache-threshold", "0.1", "--balance-abs-threshold", "7", "--balance-rel-threshold", "1.1"],
+    (["--overload", "3", "--move-cost-ratio", "1.5", "--hit-ratio", "0.2",
+      "--bailian-lambda", "0.3", "--cache-threshold", "0.1", "--balance-abs-threshold", "7",
+      "--balance-rel-threshold", "1.1"],
      {"policy_params": PolicyParams(
-         overload=3.0, overload_slack=0.0, hit_ratio=0.2, bailian_lambda=0.3, cache_threshold=0.1,
+         overload=3.0, move_cost_ratio=1.5, hit_ratio=0.2, bailian_lambda=0.3, cache_threshold=0.1,
          balance_abs_threshold=7.0, balance_rel_threshold=1.1)}),
     (["--tokenizer-path", "/x", "--chat-template", "/y.jinja", "--page-size", "32",
       "--load-poll-interval-secs", "1", "--health-check-interval-secs", "2",
@@ -119,11 +120,11 @@ _EVERY_FLAG: list[tuple[list[str], dict[str, Any]]] = [
     (["--pd-disaggregation", "--prefill", "http://p:1", "--prefill", "http://p:2", "9",
       "--prefill", "http://p:3", "NONE", "--decode", "http://d:1", "--decode", "http://d:2",
       "--prefill-policy", "random", "--decode-policy", "round_robin",
-      "--prefill-overload-slack", "5", "--pd-handover-timeout-secs", "6"],
+      "--pd-handover-timeout-secs", "6"],
      {"pd_disaggregation": True,
       "prefill": (("http://p:1", None), ("http://p:2", 9), ("http://p:3", None)),
       "decode_urls": ("http://d:1", "http://d:2"), "prefill_policy": "random",
-      "decode_policy": "round_robin", "prefill_overload_slack": 5.0,
+      "decode_policy": "round_robin",
       "pd_handover_timeout_secs": 6.0}),
 ]  # fmt: skip
 
@@ -217,7 +218,7 @@ def test_pd_flags_map_to_config() -> None:
             "--prefill", "http://p2:30000", "none",
             "--prefill", "http://[fd00::3]:30000",
             "--decode", "http://d1:30000", "--decode", "http://d2:30000",
-            "--prefill-policy", "load_balance", "--prefill-overload-slack", "1000",
+            "--prefill-policy", "load_balance",
             "--pd-handover-timeout-secs", "30",
         ]
     )  # fmt: skip
@@ -228,13 +229,12 @@ def test_pd_flags_map_to_config() -> None:
     )
     assert c.decode_urls == ("http://d1:30000", "http://d2:30000")
     assert (c.prefill_policy_name, c.decode_policy) == ("load_balance", "least_tokens")
-    assert c.prefill_params().overload_slack == 1000 and c.pd_handover_timeout_secs == 30
+    assert c.pd_handover_timeout_secs == 30
     # Without --prefill-policy the prefill side follows --policy; smetric by default.
     d = config_from_args(
         ["--pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://d:1"]
     )
     assert (d.prefill_policy_name, d.decode_policy) == ("smetric", "least_tokens")
-    assert d.prefill_params().overload_slack == 4096  # tokens, not requests
 
 
 @pytest.mark.parametrize(

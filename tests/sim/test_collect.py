@@ -13,7 +13,7 @@ from smetric_router.policies import make_policy
 from smetric_router.sim.cluster import Cluster
 from smetric_router.sim.collect import rare_collections
 from smetric_router.sim.config import SimConfig
-from smetric_router.sim.pd import PdCluster, pd_params
+from smetric_router.sim.pd import PdCluster
 from smetric_router.traces.schema import TraceRequest
 
 
@@ -53,7 +53,7 @@ def test_a_run_collects_rarely_and_restores_the_thresholds(
 ) -> None:
     cfg = SimConfig(instances=2, gpu_kv_tokens=1 << 12, host_kv_tokens=0)
     spy = _Spy()
-    cluster(cfg if cluster is Cluster else pd_params(cfg), spy, math.inf).run(_trace())
+    cluster(cfg, spy, math.inf).run(_trace())
     assert len(spy.seen) == 4
     assert all(t > default_thresholds[0] for t in spy.seen)
     assert gc.get_threshold() == default_thresholds

@@ -16,7 +16,6 @@ from smetric_router.sim.config import SimConfig, Slo
 from smetric_router.sim.pd import (
     PdCluster,
     PdRunResult,
-    pd_params,
     summarize_pd,
     trace_pages,
 )
@@ -54,7 +53,7 @@ def _blocks(tag: int, n: int) -> tuple[int, ...]:
 
 
 def _cfg(instances: int) -> SimConfig:
-    return pd_params(SimConfig(instances=instances, gpu_kv_tokens=1 << 18, host_kv_tokens=0))
+    return SimConfig(instances=instances, gpu_kv_tokens=1 << 18, host_kv_tokens=0)
 
 
 def _run(policy: str, trace: list[TraceRequest], instances: int) -> PdRunResult:

@@ -16,7 +16,7 @@ from smetric_router.sim.__main__ import main, run
 from smetric_router.sim.cluster import Cluster, RequestRecord, RunResult, router_features
 from smetric_router.sim.config import SimConfig, Slo
 from smetric_router.sim.metrics import summarize
-from smetric_router.sim.pd import PdCluster, pd_params
+from smetric_router.sim.pd import PdCluster
 from smetric_router.traces.loaders import with_carried_history
 from smetric_router.traces.schema import TraceRequest
 
@@ -90,7 +90,7 @@ def test_the_views_running_is_the_engines_running_batch() -> None:
 
 
 def test_pd_views_carry_no_running_count() -> None:
-    cfg = pd_params(replace(SMALL, instances=2))
+    cfg = replace(SMALL, instances=2)
     spy = _BatchSpy()
     spy.cluster = PdCluster(cfg, spy, math.inf)
     spy.cluster.run(_sessions(2, 2))
