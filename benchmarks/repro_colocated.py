@@ -127,17 +127,28 @@ CODE_VERSION = {
 }
 
 
+def _policy_hashes() -> dict[str, str]:
+    """Per policy, a hash of the sources its runs depend on: the policies package without the
+    other policies' own modules, so that changing one policy re-runs its rows and no other's.
+    Read once, at import: the code that runs is the code imported then, and an edit made while
+    a figure runs must not give the old code's rows the new code's key."""
+    files = {n: sys.modules[type(make_policy(n)).__module__].__file__ for n in policy_names()}
+    out = {}
+    for name, own in files.items():
+        h = hashlib.sha256()
+        for f in sorted((REPO / "smetric_router" / "policies").glob("*.py")):
+            if str(f) == own or str(f) not in files.values():
+                h.update(f.name.encode())
+                h.update(f.read_bytes())
+        out[name] = h.hexdigest()[:6]
+    return out
+
+
+POLICY_HASH = _policy_hashes()
+
+
 def policy_hash(name: str) -> str:
-    """Hash of the policy sources a policy's runs depend on: the policies package without the
-    other policies' own modules, so that changing one policy re-runs its rows and no other's."""
-    own = sys.modules[type(make_policy(name)).__module__].__file__
-    others = {sys.modules[type(make_policy(n)).__module__].__file__ for n in policy_names()} - {own}
-    h = hashlib.sha256()
-    for f in sorted((REPO / "smetric_router" / "policies").glob("*.py")):
-        if str(f) not in others:
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:6]
+    return POLICY_HASH[name]
 
 
 STUDY = Study()

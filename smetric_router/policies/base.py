@@ -175,12 +175,16 @@ def healthy_or_raise(view: ClusterView) -> tuple[WorkerView, ...]:
     return workers
 
 
+def lowest(workers: Sequence[WorkerView], scores: Sequence[float]) -> list[WorkerView]:
+    """The workers tied on the lowest score (within float noise), in view order."""
+    best = min(scores)
+    tie = best + 1e-9 * max(1.0, abs(best))
+    return [w for w, s in zip(workers, scores, strict=True) if s <= tie]
+
+
 def rr_argmin(workers: Sequence[WorkerView], scores: Sequence[float], tick: int) -> WorkerView:
     """The lowest-scoring worker; ties are broken round-robin by the view's tick."""
-    best = min(scores)
-    ties = [
-        w for w, s in zip(workers, scores, strict=True) if s <= best + 1e-9 * max(1.0, abs(best))
-    ]
+    ties = lowest(workers, scores)
     return ties[tick % len(ties)]
 
 

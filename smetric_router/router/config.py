@@ -709,11 +709,11 @@ class RouterConfig:
             "--no-session-hints",
             "ignore the session ids coding agents send (x-claude-code-session-id, session_id, "
             "x-session-affinity, x-opencode-session, Anthropic metadata.user_id, OpenAI "
-            "prompt_cache_key). By default smetric reads one as a hint only: a session's "
-            "follow-up whose cache holder is gone or overloaded goes to the session's home "
-            "worker (rendezvous hash of the id) if that one is not overloaded, decision reason "
-            "session-hint-fallback; ties among equally good workers go to it too. Turn "
-            "inference never needs a hint",
+            "prompt_cache_key). By default smetric reads one as a tie-breaker only: among "
+            "equally good workers (the least loaded for a first request, equal holders, or the "
+            "cheapest for a follow-up its guards move, decision reason session-hint-fallback) "
+            "the session's home worker (rendezvous hash of the id) wins. Turn inference never "
+            "needs a hint",
             group=AGENTS,
         ),
     )

@@ -26,7 +26,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
         "nic_gbps": 7.5,
         "fetch_ms": 2.0,
         "overload": 3.0,
-        "slack": 1.0,
+        "move_cost": 1.0,
         "hit_ratio": 0.25,
         "lam": 0.7,
         "hints": True,
@@ -42,6 +42,16 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
     assert rc.CODE_VERSION["model"] in base.key()
     assert rc.sim_config(dataclasses.replace(base, hints=True)).session_hints
     assert not rc.sim_config(base).session_hints
+
+
+def test_a_policys_key_follows_its_own_sources_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = {p: rc.Spec(p, 1.5).key() for p in ("smetric", "lmetric")}
+    assert all(rc.policy_hash(p) in k for p, k in keys.items())
+    monkeypatch.setitem(rc.POLICY_HASH, "smetric", "edited")
+    assert rc.Spec("smetric", 1.5).key() != keys["smetric"]
+    assert rc.Spec("lmetric", 1.5).key() == keys["lmetric"]
+    # read again from the same sources: the same hashes (the key is stable across processes)
+    assert rc._policy_hashes() == rc.POLICY_HASH | {"smetric": rc._policy_hashes()["smetric"]}
 
 
 def test_the_cache_key_names_the_study_window(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,7 +102,7 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
     monkeypatch.setattr(rc, "SWEEP", (1.0, 2.0))
     monkeypatch.setattr(rc, "AT", 2.0)
     monkeypatch.setattr(rc, "LAMBDAS", (0.5, 0.6))
-    monkeypatch.setattr(rc, "OVERLOADS", (2.0, math.inf))
+    monkeypatch.setattr(rc, "MOVE_COSTS", (2.0, math.inf))
     monkeypatch.setattr(rc, "HITS", (0.5,))
     monkeypatch.setattr(rc, "PROVISIONING", (0.0, math.inf))
     monkeypatch.setattr(rc, "NICS", (1,))

@@ -40,40 +40,40 @@ def test_removing_a_worker_moves_only_its_own_sessions() -> None:
     assert all(after[h] == u for h, u in before.items() if u != "w3")
 
 
-def test_evicted_follow_up_goes_home_instead_of_least_load() -> None:
-    # w0 held the history and lost it; w3 is least loaded; the session's home is w1 (load 2 at
-    # the mean 2).
-    view = cluster(w(load=2, hit=0), w(load=2), w(load=3), w(load=1))
+def test_evicted_follow_up_goes_home_among_the_cheapest() -> None:
+    # w0 held the history and lost it; w1..w3 are idle and hold none of it: a tie the hint breaks
+    view = cluster(w(load=1, hit=0), w(), w(), w())
     follow = req(turn=3, est_hit=900)
-    assert SMETRIC.decide(follow, view).worker == "w3"  # least load
     assert SMETRIC.decide(follow, view).reason == "evicted-fallback"
-    hint = session_homed_at("w1", ["w0", "w1", "w2", "w3"])
+    hint = session_homed_at("w2", ["w1", "w2", "w3"])
     d = SMETRIC.decide(hinted(follow, hint), view)
-    assert (d.worker, d.reason) == ("w1", "session-hint-fallback")
-    # the same session from any replica, any tick: the same worker
+    assert (d.worker, d.reason) == ("w2", "session-hint-fallback")
+    # the same session from any replica, any tick: the same worker (round-robin without a hint)
+    assert {SMETRIC.decide(follow, replace(view, tick=t)).worker for t in range(3)} == {
+        "w1",
+        "w2",
+        "w3",
+    }
     for tick in range(5):
         again = SMETRIC.decide(hinted(follow, hint), replace(view, tick=tick))
-        assert again.worker == "w1"
+        assert again.worker == "w2"
 
 
-def test_home_above_the_mean_load_is_skipped_for_the_next_in_rank() -> None:
-    # home w2 carries 3 > mean 2 (far from overloaded): a move that costs a prefill anyway goes
-    # to the best-ranked of the others
-    view = cluster(w(load=1), w(load=2), w(load=3), w(load=2))
-    urls = ["w0", "w1", "w2", "w3"]
-    hint = session_homed_at("w2", urls)
+def test_home_never_wins_over_a_cheaper_worker() -> None:
+    # home w2 is busier than the others: the move goes to the cheapest, with the guard's reason
+    view = cluster(w(load=1), w(load=0), w(load=3), w(load=2))
+    hint = session_homed_at("w2", ["w0", "w1", "w2", "w3"])
     d = SMETRIC.decide(hinted(req(turn=1, est_hit=500), hint), view)
-    assert d.reason == "session-hint-fallback"
-    assert d.worker == max(["w0", "w1", "w3"], key=lambda u: rank(hint, u))
+    assert (d.worker, d.reason) == ("w1", "evicted-fallback")
 
 
-def test_overload_fallback_goes_home_too() -> None:
-    # holder w0 costs 200 x 11 > 2 x the idle w2's 1000; the session's home w1 is under the mean
-    view = cluster(w(load=10, hit=800), w(load=2), w(load=0), w(load=1))
-    hint = session_homed_at("w1", ["w1", "w2", "w3"])
+def test_overload_fallback_goes_home_among_the_cheapest_too() -> None:
+    # holder w0 costs 200 x 11 > 2 x an idle worker's 1000; w1 and w2 tie, w3 costs 2000
+    view = cluster(w(load=10, hit=800), w(), w(), w(load=1))
+    hint = session_homed_at("w2", ["w1", "w2"])
     d = SMETRIC.decide(hinted(req(turn=1, est_hit=800), hint), view)
-    assert (d.worker, d.reason) == ("w1", "session-hint-fallback")
-    assert SMETRIC.decide(req(turn=1, est_hit=800), view).worker == "w2"
+    assert (d.worker, d.reason) == ("w2", "session-hint-fallback")
+    assert SMETRIC.decide(req(turn=1, est_hit=800), view).reason == "overload-fallback"
 
 
 def test_hint_never_overrides_a_holder_or_the_first_turn_balance() -> None:
