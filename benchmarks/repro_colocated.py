@@ -1049,8 +1049,9 @@ def session_hints() -> None:
     ax.tick_params(axis="x", labelsize=7)
     body = [
         "What reading an agent's session id as a hint changes in `smetric` (policies/smetric.py: "
-        "ties and guard fallbacks go to the session's rendezvous home among the workers at or "
-        "below the mean load; reason `session-hint-fallback`). The simulator passes the trace's "
+        "the session's rendezvous home breaks ties: among the least loaded for a first "
+        "request, among equal holders, and among the cheapest moves for a follow-up a guard "
+        "sends away, reason `session-hint-fallback`). The simulator passes the trace's "
         "session id as the hint (`--session-hints`); one router replica, so the agreement "
         "between router replicas the hint also buys is not measured here. Off → on, mean "
         "[min–max] over the trace seeds; the gain is taken per seed:",

@@ -165,8 +165,11 @@ def headline(
         p: [_best(rows, p, ratio, s)["prefill_tps_within_slo"] for s in seeds] for p in policies
     }
     ratios = []
+    baselines = [p for p in policies if p != "smetric"]
+    if "smetric" not in best or not baselines:
+        return best, [math.nan] * len(seeds)  # nothing to compare (one policy run alone)
     for k in range(len(seeds)):
-        others = max(best[p][k] for p in policies if p != "smetric")
+        others = max(best[p][k] for p in baselines)
         ratios.append(best["smetric"][k] / others if others > 0 else math.nan)
     return best, ratios
 
