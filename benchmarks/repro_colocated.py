@@ -3,7 +3,7 @@ global-tier figures (provisioning, NICs per server, a degraded link) and the acc
 
     python -m benchmarks.repro_colocated FIGURE [--jobs N]
     FIGURE: bailian_lambda, fig9, fig11, fig12, fig14, fig15, fig25, provisioning, nics, sampling,
-            degraded_link, acceptance, all; plan, probe, reuse, moves (diagnostics)
+            scale, degraded_link, acceptance, all; plan, probe, reuse, moves (diagnostics)
 
 The study's trace comes from ONE place, `STUDY` below (the generator command, the trace seeds, the
 replayed window); the script generates a missing trace with exactly that command. Every run is
@@ -158,6 +158,14 @@ SEEDS = STUDY.seeds
 # `probe` (the rule is in its docstring). The sweeps are multiples of it.
 BASE_RATE = 0.3
 SWEEP = (1.0, 1.5, 2.0, 2.5)  # x BASE_RATE: max-TPS sweep (seed 1), Figs 9, 11, 12, 15
+# Seed 0 is not a generated trace: it is the Mooncake conversation trace beside the checkout
+# (Apache-2.0), sessions inferred from its hash ids (traces/loaders.load_mooncake), replayed whole
+# at MOONCAKE_BASE_RATE x its own rate for 32 instances (x instances/32 for fewer). Chosen so the
+# scale figure's sweep spans the knee: a probe of lmetric-inflight on 8 instances had TTFT p90
+# 4.9 s at 0.3x the trace's own rate, 7.2 s at 0.6x, and thousands of seconds at 1.5x.
+MOONCAKE = 0
+MOONCAKE_TRACE = REPO.parent / "shared" / "traces" / "mooncake-conversation.jsonl"
+MOONCAKE_BASE_RATE = 2.6
 AT = 1.5  # x BASE_RATE: the operating point of Figs 12, 14/24, 25 and the global-tier figures
 # Global-tier capacity, x the cluster's total GPU KV (paper mode: no private host tier). Fig 11
 # (3 seeds): none, the paper's named 1.6x (§5.3), never binding. The provisioning figure adds
@@ -194,6 +202,9 @@ class Spec:
     # 0: the rate is set by stretching time; k > 0: by keeping the fraction rate x BASE_RATE of
     # the sessions (sample seed k) at their original timing, the paper's way (traces/sample.py)
     sample: int = 0
+    # serving instances; the trace's rate is scaled by instances / 32 so that each instance sees
+    # the 32-instance study's load
+    instances: int = 32
 
     def bailian_lam(self) -> float:
         return chosen_lambda() if self.lam is None else self.lam
@@ -206,11 +217,13 @@ class Spec:
         return (
             f"{CODE_VERSION['model']}{policy_hash(self.policy)}-{STUDY.tag()}-s{self.seed}"
             f"-{self.policy}"
-            f"-r{self.rate * BASE_RATE:g}-{tier}"
+            f"-r{self.rate * (MOONCAKE_BASE_RATE if self.seed == MOONCAKE else BASE_RATE):g}"
+            f"-{tier}"
             f"-o{self.overload:g}-m{self.move_cost:g}-h{self.hit_ratio:g}"
             + (f"-lam{self.bailian_lam():g}" if self.policy == "bailian" else "")
             + ("-hints" if self.hints else "")
             + (f"-sample{self.sample}" if self.sample else "")
+            + (f"-i{self.instances}" if self.instances != 32 else "")
         )
 
 
@@ -222,6 +235,7 @@ def sim_config(spec: Spec) -> SimConfig:
         bailian_lambda=spec.bailian_lam() if spec.policy == "bailian" else 0.6,
     )
     return SimConfig(
+        instances=spec.instances,
         params=params,
         global_ratio=spec.ratio,
         window_s=WINDOW_S,
@@ -238,6 +252,8 @@ _traces: dict[int, list[TraceRequest]] = {}
 
 
 def trace(seed: int) -> list[TraceRequest]:
+    if seed == MOONCAKE and seed not in _traces:
+        _traces[seed] = load_trace(MOONCAKE_TRACE, "mooncake")
     if seed not in _traces:
         path = STUDY.path(seed)
         if not path.exists():
@@ -273,7 +289,8 @@ def run(spec: Spec) -> dict[str, Any]:
         cached: dict[str, Any] = orjson.loads(path.read_bytes())
         return cached
     cfg = sim_config(spec)
-    reqs, stretch = trace(spec.seed), spec.rate * BASE_RATE
+    base = MOONCAKE_BASE_RATE if spec.seed == MOONCAKE else BASE_RATE
+    reqs, stretch = trace(spec.seed), spec.rate * base * spec.instances / 32
     if spec.sample:
         reqs, stretch = sample_sessions(reqs, stretch, spec.sample), 1.0
     t = time.perf_counter()
@@ -369,7 +386,7 @@ def commit() -> str:
 
 def write(name: str, title: str, body: list[str], rows: Sequence[dict[str, Any]]) -> None:
     wall = sum(r["wall_s"] for r in rows) / 60
-    seeds = sorted({r["trace_seed"] for r in rows})
+    seeds = sorted({r["trace_seed"] for r in rows} - {MOONCAKE})  # seed 0: the body names it
     head = [
         f"# {title}",
         "",
@@ -1197,6 +1214,74 @@ def sampling() -> None:
           body, allrows)  # fmt: skip
 
 
+# The scale figure: SMetric's guards at 8 instances, and on the Mooncake conversation trace
+SCALE_INSTANCES = 8
+SCALE_POLICIES = ("smetric", "smetric-paper", "lmetric-inflight", "lmetric")
+SCALE_SEEDS = (1, 2)  # trace seeds, each with the session samples SAMPLES
+MOONCAKE_SWEEP = (0.5, 1.0, 1.5, 2.0)  # x MOONCAKE_BASE_RATE
+
+
+def _scale_cells() -> dict[str, list[tuple[int, int]]]:
+    """(trace seed, session sample) per setting: generated traces sampled at their timing at 8
+    instances; the Mooncake trace time-stretched (sample 0) at 8 instances."""
+    return {
+        "generated": [(t, k) for t in SCALE_SEEDS for k in SAMPLES],
+        "mooncake": [(MOONCAKE, 0)],
+    }
+
+
+def _scale_spec(p: str, r: float, g: float, t: int, k: int) -> Spec:
+    return Spec(p, r, g, t, sample=k, instances=SCALE_INSTANCES)
+
+
+def scale_specs() -> list[Spec]:
+    out = []
+    for name, cells in _scale_cells().items():
+        rates = MOONCAKE_SWEEP if name == "mooncake" else SWEEP
+        out += [_scale_spec(p, r, g, t, k) for p in SCALE_POLICIES for g in RATIOS
+                for t, k in cells for r in rates]  # fmt: skip
+    return out
+
+
+def scale() -> None:
+    rows = runs(scale_specs())
+    body = [
+        f"The default's guards away from the study's setting: {SCALE_INSTANCES} instances instead "
+        "of 32. 'generated': each run keeps the fraction rate x "
+        f"{BASE_RATE} x {SCALE_INSTANCES}/32 of the sessions of trace seeds "
+        f"{', '.join(map(str, SCALE_SEEDS))} (session samples {', '.join(map(str, SAMPLES))}) "
+        "whole and at their original timing, so an instance sees the 32-instance study's load "
+        f"and session mix; rates {', '.join(f'{r:g}' for r in SWEEP)}x. 'mooncake': the Mooncake "
+        f"conversation trace (`{MOONCAKE_TRACE.name}` beside the checkout; sessions inferred from "
+        "its hash ids) replayed whole, time-stretched to "
+        f"{', '.join(f'{r:g}' for r in MOONCAKE_SWEEP)} x {MOONCAKE_BASE_RATE:g} x its rate x "
+        f"{SCALE_INSTANCES}/32. Max TPS within SLO over "
+        "the rates per trace (and sample), mean [min–max] over them; the ratio is taken per "
+        "trace and sample.",
+        "",
+    ]
+    head = ("trace", "global", *SCALE_POLICIES, "smetric / best other")
+    table = []
+    for name, cells in _scale_cells().items():
+        rates = MOONCAKE_SWEEP if name == "mooncake" else SWEEP
+        for g in RATIOS:
+            top = {
+                (p, t, k): max(runs([_scale_spec(p, r, g, t, k) for r in rates]),
+                               key=lambda x: x["tps_within_slo"])["tps_within_slo"]
+                for p in SCALE_POLICIES for t, k in cells
+            }  # fmt: skip
+            ratio = spread(
+                top[("smetric", t, k)] / max(top[(p, t, k)] for p in SCALE_POLICIES[1:])
+                for t, k in cells
+            )
+            table.append(
+                (name, gx(g), *[spread(top[(p, t, k)] for t, k in cells).fmt(",.0f")
+                                for p in SCALE_POLICIES], ratio.fmt())
+            )  # fmt: skip
+    body += md_table(head, table)
+    write("scale", "The guards at 8 instances and on the Mooncake trace", body, rows)
+
+
 def working_set(seed: int) -> float:
     """Distinct prompt tokens of the replayed window, x the cluster's GPU KV."""
     reqs = trace(seed)
@@ -1556,6 +1641,7 @@ FIGS: dict[str, Figure] = {
     "fig25": Figure(fig25, fig25_specs),
     "session_hints": Figure(session_hints, hints_specs),
     "sampling": Figure(sampling, sampling_specs),
+    "scale": Figure(scale, scale_specs),
 }
 
 

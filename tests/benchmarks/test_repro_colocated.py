@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from benchmarks import repro_colocated as rc
@@ -31,6 +32,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
         "lam": 0.7,
         "hints": True,
         "sample": 1,
+        "instances": 8,
     }
     assert set(changed) | {"prefetch"} == {f.name for f in dataclasses.fields(rc.Spec)}
     for name, value in changed.items():
@@ -108,6 +110,18 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
     monkeypatch.setattr(rc, "NICS", (1,))
     monkeypatch.setattr(rc, "DEGRADED_GBPS", (5.0,))
     monkeypatch.setattr(rc, "HINT_RATES", (2.0,))
+    # the scale figure: one trace seed, and a Mooncake-schema file of a few sessions for seed 0
+    monkeypatch.setattr(rc, "SCALE_SEEDS", (1,))
+    monkeypatch.setattr(rc, "MOONCAKE_SWEEP", (1.0,))
+    mooncake = tmp_path / "mooncake.jsonl"
+    lines = []
+    for i in range(12):  # 4 sessions of 3 turns, each turn extending the last
+        s, turn = i % 4, i // 4
+        ids = [1000 * s + b for b in range(2 * (turn + 1))]
+        lines.append(orjson.dumps({"timestamp": 500 * i, "input_length": 512 * len(ids),
+                                   "output_length": 20, "hash_ids": ids}))  # fmt: skip
+    mooncake.write_bytes(b"\n".join(lines) + b"\n")
+    monkeypatch.setattr(rc, "MOONCAKE_TRACE", mooncake)
     monkeypatch.setattr(rc, "_traces", {})
     monkeypatch.setattr(rc, "_chosen", [])
     assert rc.main(["all"]) == 0
