@@ -65,11 +65,14 @@ def traced(receiver: OtlpHttpReceiver) -> Iterator[Stack]:
 
 
 def joined(got: OtlpHttpReceiver, trace_id: str) -> list[Span]:
-    """The trace once it holds the router's server span and a span of SGLang's."""
+    """The trace once it holds the router's server span and SGLang's root span under a router
+    span. SGLang exports a span when it ends, so its child spans (request_process, ...) can
+    arrive in a batch before the root that encloses them."""
     spans = got.trace(trace_id)
-    services = {s.service for s in spans}
+    router_ids = {s.span_id for s in spans if s.service == ROUTER_SERVICE}
     router_done = any(s.service == ROUTER_SERVICE and s.kind == SERVER for s in spans)
-    return spans if router_done and WORKER_SERVICE in services else []
+    rooted = any(s.service == WORKER_SERVICE and s.parent_id in router_ids for s in spans)
+    return spans if router_done and rooted else []
 
 
 def test_router_and_sglang_spans_share_one_trace_per_request(
