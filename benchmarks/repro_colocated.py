@@ -206,6 +206,10 @@ class Spec:
     # the 32-instance study's load
     instances: int = 32
 
+    def base_rate(self) -> float:
+        """What rate 1x is, as a multiple of the trace's own rate."""
+        return MOONCAKE_BASE_RATE if self.seed == MOONCAKE else BASE_RATE
+
     def bailian_lam(self) -> float:
         return chosen_lambda() if self.lam is None else self.lam
 
@@ -217,7 +221,7 @@ class Spec:
         return (
             f"{CODE_VERSION['model']}{policy_hash(self.policy)}-{STUDY.tag()}-s{self.seed}"
             f"-{self.policy}"
-            f"-r{self.rate * (MOONCAKE_BASE_RATE if self.seed == MOONCAKE else BASE_RATE):g}"
+            f"-r{self.rate * self.base_rate():g}"
             f"-{tier}"
             f"-o{self.overload:g}-m{self.move_cost:g}-h{self.hit_ratio:g}"
             + (f"-lam{self.bailian_lam():g}" if self.policy == "bailian" else "")
@@ -289,8 +293,7 @@ def run(spec: Spec) -> dict[str, Any]:
         cached: dict[str, Any] = orjson.loads(path.read_bytes())
         return cached
     cfg = sim_config(spec)
-    base = MOONCAKE_BASE_RATE if spec.seed == MOONCAKE else BASE_RATE
-    reqs, stretch = trace(spec.seed), spec.rate * base * spec.instances / 32
+    reqs, stretch = trace(spec.seed), spec.rate * spec.base_rate() * spec.instances / 32
     if spec.sample:
         reqs, stretch = sample_sessions(reqs, stretch, spec.sample), 1.0
     t = time.perf_counter()
