@@ -96,12 +96,16 @@ ROUTERS: dict[str, RouterDef] = {
     "smetric/lmetric-inflight": RouterDef("smetric", "lmetric-inflight"),
     "smetric/load_balance": RouterDef("smetric", "load_balance"),
     "smetric/cache_aware": RouterDef("smetric", "cache_aware"),
-    # four router processes on one port, the kernel spreading connections between them: what
-    # four independent replicas behind an L4 load balancer see (they share nothing but workers)
+    # four router processes on one port, the kernel spreading connections between them, as four
+    # replicas behind an L4 load balancer; they publish their in-flight counts to each other
     "smetric-x4": RouterDef("smetric", "smetric", ("--processes", "4")),
-    # the same with the load reports of the earlier default, one a second
+    # the same sharing nothing but the workers: the others' requests seen in the load reports only
+    "smetric-x4-nosync": RouterDef("smetric", "smetric", ("--processes", "4", "--no-replica-sync")),
+    # unsynced, with the load reports of the earlier default, one a second
     "smetric-x4-poll1": RouterDef(
-        "smetric", "smetric", ("--processes", "4", "--load-poll-interval-secs", "1")
+        "smetric",
+        "smetric",
+        ("--processes", "4", "--no-replica-sync", "--load-poll-interval-secs", "1"),
     ),
     "smg/cache_aware": RouterDef("smg", "cache_aware"),
     "smg/cache_aware+sticky": RouterDef("smg", "cache_aware", ("--sticky-sessions",)),

@@ -84,6 +84,7 @@ class Setup:
     kill_after_s: float = 8.0  # restart phase: when the replica is killed
     check_inter_ms: int = 500  # HAProxy health check interval (fall 2, rise 2)
     seed: int = 1
+    sync: bool = True  # the replicas publish their in-flight counts to each other
 
 
 # the test's: a few sessions, and a restart while 8 more run
@@ -210,9 +211,18 @@ class Proc:
             time.sleep(0.2)
 
 
-def router(spec: ClusterSpec, stack: Stack, port: int, log: Path) -> Proc:
+def router(
+    spec: ClusterSpec, stack: Stack, port: int, log: Path, extra: tuple[str, ...] = ()
+) -> Proc:
     r = replace(spec.router, host="127.0.0.1", port=port, policy="smetric")
+    r = replace(r, extra_args=(*r.extra_args, *extra))
     return Proc([sys.executable, "-m", *router_args(replace(spec, router=r), stack.workers)], log)
+
+
+def sync_flags(replicas: int) -> list[tuple[str, ...]]:
+    """Each replica's --replica-sync-bind and the same peer list for all."""
+    ends = [f"tcp://127.0.0.1:{free_port()}" for _ in range(replicas)]
+    return [("--replica-sync-bind", e, "--replica-sync-peers", *ends) for e in ends]
 
 
 def haproxy_config(port: int, stats_port: int, replicas: list[int], inter_ms: int) -> str:
@@ -365,7 +375,8 @@ def tier(spec: ClusterSpec, stack: Stack, setup: Setup, work: Path,
     """Replicas on free ports behind HAProxy: (balancer URL, stats URL, replicas, their ports)."""
     exe = haproxy_binary()
     ports = [free_port() for _ in range(setup.replicas)]
-    reps = [router(spec, stack, p, work / f"replica{i}.log") for i, p in enumerate(ports)]
+    sync = sync_flags(setup.replicas) if setup.sync else [()] * setup.replicas
+    reps = [router(spec, stack, p, work / f"replica{i}.log", sync[i]) for i, p in enumerate(ports)]
     lb_port, stats_port = free_port(), free_port()
     cfg = work / "haproxy.cfg"
     cfg.write_text(haproxy_config(lb_port, stats_port, ports, setup.check_inter_ms))
@@ -466,7 +477,8 @@ def report(setup: Setup, phases: dict[str, Phase], out: Path, png: Path | None) 
     s = {k: p.summary() for k, p in phases.items()}
     rows = [("one", "1 router"), ("tier", f"{setup.replicas} replicas behind HAProxy")]
     lines = [
-        "# The router tier: replicas behind HAProxy versus one router",
+        "# The router tier: replicas behind HAProxy versus one router"
+        + ("" if setup.sync else ", replicas not synced"),
         "",
         "`python -m benchmarks.router_tier` (benchmarks/router_tier.py). One run on a shared "
         "2-core machine; times are modelled (emulated H20 workers, Qwen3-Coder-30B-A3B profile, "
@@ -476,8 +488,14 @@ def report(setup: Setup, phases: dict[str, Phase], out: Path, png: Path | None) 
         f"{setup.turns} turns (a shared system prompt, a {setup.task_words}-word task, then "
         f"{setup.result_words}-word tool results; {setup.output_len} output tokens, streamed), "
         f"Poisson arrivals at {setup.rate:g} sessions/s, worker caches flushed before each phase. "
-        f"Tier: {setup.replicas} separate router processes (`--policy smetric`, no shared state) "
-        "behind HAProxy in TCP mode, `balance roundrobin`, `option httpchk GET /readiness` every "
+        f"Tier: {setup.replicas} separate router processes (`--policy smetric`, "
+        + (
+            "publishing their in-flight counts to each other with `--replica-sync-bind` and "
+            "`--replica-sync-peers`) "
+            if setup.sync
+            else "`--no-replica-sync`: nothing shared but the workers) "
+        )
+        + "behind HAProxy in TCP mode, `balance roundrobin`, `option httpchk GET /readiness` every "
         f"{setup.check_inter_ms} ms (fall 2, rise 2); the client opens a new connection per "
         "request, so consecutive turns of a session meet different replicas.",
         "",
@@ -586,8 +604,14 @@ def main(argv: list[str] | None = None) -> dict[str, Phase]:
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--work-dir", type=Path, help="logs and HAProxy's config (default: a temp dir)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument(
+        "--no-replica-sync",
+        action="store_true",
+        help="replicas share nothing but the workers (written as router_tier-nosync)",
+    )
     a = p.parse_args(argv)
     setup = SMOKE if a.smoke else Setup()
+    setup = replace(setup, sync=not a.no_replica_sync)
     for k in ("replicas", "sessions", "rate", "restart_sessions", "kill_after_s"):
         if getattr(a, k) is not None:
             setup = replace(setup, **{k: getattr(a, k)})
@@ -596,7 +620,7 @@ def main(argv: list[str] | None = None) -> dict[str, Phase]:
     work.mkdir(parents=True, exist_ok=True)
     phases = run_all(setup, work)
     a.out_dir.mkdir(parents=True, exist_ok=True)
-    name = "router_tier-smoke" if a.smoke else "router_tier"
+    name = ("router_tier-smoke" if a.smoke else "router_tier") + ("" if setup.sync else "-nosync")
     png = None if a.no_plot else a.out_dir / f"{name}.png"
     if png is not None:
         plot(phases, png)

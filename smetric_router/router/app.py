@@ -34,6 +34,7 @@ from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
 from smetric_router.policies.turn import resolve_turn
+from smetric_router.replicas.sync import ReplicaSync, SyncCollector, SyncConfig
 from smetric_router.router import api_messages, api_responses
 from smetric_router.router.auth import (
     auth_middleware,
@@ -115,6 +116,7 @@ class RouterState:
         self._upstream: Upstream | None = None
         self.pd: PdProxy | None = None  # set under PD disaggregation
         self.discovery: Discovery | None = None  # --service-discovery, --discovery-provider
+        self.replica_sync: ReplicaSync | None = None  # --processes, --replica-sync-bind
         self.started_at = time.monotonic()
         self.metrics = RouterMetrics(self.sample_workers, self.sample_l3 if l3 else None)
         # /dashboard's per-second history (router/dashboard.py)
@@ -279,10 +281,19 @@ class RouterState:
             await self._session.close()
             raise
         self._registry.start()
+        if c.replica_sync_bind is not None:
+            workers = self._registry.workers
+            self.replica_sync = ReplicaSync(
+                SyncConfig(c.replica_sync_bind, c.replica_sync_peers), workers.values
+            )
+            await self.replica_sync.start()
+            self.metrics.registry.register(SyncCollector(self.replica_sync))
         self._timer.start()
 
     async def stop(self) -> None:
         await self._timer.stop()
+        if self.replica_sync is not None:
+            await self.replica_sync.stop()
         if self.admission is not None:
             await self.admission.close()
         if self.discovery is not None:  # first: it would add workers to a stopping registry

@@ -51,6 +51,11 @@ def parse(argv: Sequence[str] | None = None) -> tuple[RouterConfig, argparse.Nam
     try:
         if a.decode_policy is not None and not a.pd_disaggregation:
             raise ValueError("--decode-policy needs --pd-disaggregation")
+        if a.replica_sync_bind is not None and a.processes > 1:
+            raise ValueError(
+                "--replica-sync-bind is for replicas started one by one; --processes replicas "
+                "sync among themselves over ipc (give one or the other)"
+            )
         fields = values(RouterConfig, a)
         # replicas share the port the first process binds
         fields["reuse_port"] = a.reuse_port or a.processes > 1

@@ -59,6 +59,7 @@ DISCOVERY = "worker discovery"
 TRACING = "tracing"
 ADMISSION = "admission control"
 BREAKER = "circuit breaking"
+REPLICAS = "router replicas"
 FLAG_GROUPS = {
     PD: "prefill and decode on separate SGLang instances (as sglang_router)",
     LIFECYCLE: "how the router stops",
@@ -80,6 +81,11 @@ FLAG_GROUPS = {
     "smg's defaults: ten failures in a row are rare on a worker that works, and retries would "
     "otherwise pay a failed round trip to it on every request until it recovers",
     AGENTS: "what the router reads from agents' requests",
+    REPLICAS: "replicas publish what they have in flight to each worker to each other (ZeroMQ "
+    "PUB/SUB, a few ms old), so that every replica sees the others' requests before the "
+    "workers' next load report does. --processes replicas do it over ipc on their own; "
+    "replicas on other hosts are given --replica-sync-bind and --replica-sync-peers "
+    "(docs/production.md#router-replicas)",
     DISCOVERY: "workers from Kubernetes pods or a file, added and removed as they come and go, "
     "by the same path as POST/DELETE /workers (flag names as sglang_router's); workers given "
     "with --worker-urls, --prefill or --decode stay as given: discovery only removes what it "
@@ -128,6 +134,37 @@ class RouterConfig:
     )
     # Set on the replicas the first process starts (and whenever processes > 1).
     reuse_port: bool = option(False, Flag("--reuse-port", "bind the port shared", hidden=True))
+    replica_sync: bool = option(
+        True,
+        Flag(
+            "--no-replica-sync",
+            "--processes replicas do not share their in-flight counts (each then sees the "
+            "others' requests only in the workers' load reports)",
+            group=REPLICAS,
+        ),
+    )
+    replica_sync_bind: str | None = option(
+        None,
+        Flag(
+            "--replica-sync-bind",
+            "ZeroMQ endpoint this replica publishes its in-flight counts on, e.g. "
+            "tcp://10.0.0.5:30100; bind an address only the replicas reach (the messages are "
+            "not authenticated; a forged one can skew load between configured workers, never "
+            "add one)",
+            metavar="ENDPOINT",
+            group=REPLICAS,
+        ),
+    )
+    replica_sync_peers: tuple[str, ...] = option(
+        (),
+        Flag(
+            "--replica-sync-peers",
+            "the other replicas' --replica-sync-bind endpoints; this replica's own may be in the "
+            "list, so every replica can be given the same one",
+            metavar="ENDPOINT",
+            group=REPLICAS,
+        ),
+    )
     worker_urls: tuple[str, ...] = option(
         (),
         Flag(
@@ -213,10 +250,11 @@ class RouterConfig:
         0.2,
         Flag(
             "--load-poll-interval-secs",
-            "how often each worker's GET /v1/loads is read; policies see max(router in-flight, "
-            "reported running + waiting requests), so other router replicas' requests reach "
-            "this one's view through it; lmetric reads the reported running requests alone (the "
-            "last report's, up to one interval old)",
+            "how often each worker's GET /v1/loads is read; policies see the router's own "
+            "requests in flight, its synced replicas' (--processes, --replica-sync-peers) and "
+            "what the report counts beyond both (running + waiting requests: other routers, "
+            "direct clients); lmetric reads the reported running requests alone (the last "
+            "report's, up to one interval old)",
         ),
     )
     health_check_interval_secs: float = option(
@@ -869,6 +907,10 @@ class RouterConfig:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.processes < 1:
             raise ValueError(f"processes must be >= 1, got {self.processes}")
+        if self.replica_sync_peers and self.replica_sync_bind is None:
+            raise ValueError("--replica-sync-peers needs --replica-sync-bind")
+        if self.replica_sync_bind is not None and not self.replica_sync:
+            raise ValueError("--replica-sync-bind and --no-replica-sync contradict each other")
         if self.max_upstream_connections < 0:
             raise ValueError(
                 f"max_upstream_connections must be >= 0, got {self.max_upstream_connections}"

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -27,9 +30,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("smetric_router.router")
 
 
-def replica_argv(argv: Sequence[str], port: int) -> list[str]:
+def replica_argv(argv: Sequence[str], port: int, sync: Sequence[str] = ()) -> list[str]:
     """The command line of one more replica: the same flags on the bound port, without the
-    ones that belong to the first process alone."""
+    ones that belong to the first process alone; `sync`: its replica-sync flags."""
     own = {"--processes": 1, "--port": 1, "--port-file": 1, "--prometheus-port": 1}
     out: list[str] = []
     skip = 0
@@ -42,7 +45,23 @@ def replica_argv(argv: Sequence[str], port: int) -> list[str]:
             skip = 0 if "=" in arg else own[name]
             continue
         out.append(arg)
-    return [sys.executable, "-m", "smetric_router", *out, "--port", str(port), "--reuse-port"]
+    return [
+        sys.executable,
+        "-m",
+        "smetric_router",
+        *out,
+        *sync,
+        "--port",
+        str(port),
+        "--reuse-port",
+    ]
+
+
+def sync_endpoints(processes: int) -> tuple[str, list[str]]:
+    """A private directory and one ipc endpoint in it per --processes replica (ipc: no port to
+    find free, and only this user can connect)."""
+    folder = tempfile.mkdtemp(prefix="smetric-replicas-")
+    return folder, [f"ipc://{folder}/r{i}" for i in range(processes)]
 
 
 # After the shutdown grace: how long ended requests get to write their last answer, and how long
@@ -79,6 +98,13 @@ async def serve(
 
     if config.enable_trace:  # before the app: its server-span middleware is added if on
         tracing.enable(config.otlp_traces_endpoint, config.otlp_service_name)
+    sync_dir: str | None = None
+    endpoints: list[str] = []
+    if config.processes > 1 and config.replica_sync:
+        sync_dir, endpoints = sync_endpoints(config.processes)
+        config = dataclasses.replace(
+            config, replica_sync_bind=endpoints[0], replica_sync_peers=tuple(endpoints)
+        )
     state = make_state(config)
     options = {**RUNNER_OPTIONS, "shutdown_timeout": END_BOUND_S}
     runners = [web.AppRunner(build_app(state), **options)]
@@ -112,10 +138,11 @@ async def serve(
         ports = {"http": bound_port(runners[0])}
         if len(runners) > 1:
             ports["prometheus"] = bound_port(runners[1])
-        for _ in range(config.processes - 1):
+        for i in range(1, config.processes):
+            sync = ("--replica-sync-bind", endpoints[i], "--replica-sync-peers", *endpoints)
             replicas.append(
                 subprocess.Popen(
-                    replica_argv(argv, ports["http"]),
+                    replica_argv(argv, ports["http"], sync if endpoints else ()),
                     # one key for all replicas: each accepts the response ids the others issue
                     env={**os.environ, RESPONSE_ID_KEY_ENV: state.response_ids.key_text},
                     preexec_fn=_die_with_parent,
@@ -166,4 +193,6 @@ async def serve(
             p.wait()
         for r in reversed(runners):
             await r.cleanup()
+        if sync_dir is not None:
+            shutil.rmtree(sync_dir, ignore_errors=True)
         tracing.shutdown()  # the last spans go out

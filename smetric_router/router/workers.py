@@ -1,11 +1,13 @@
 """The worker registry: membership, roles, health, reported load and the router's own counts.
 
-Load rule (what policies see as WorkerView.load): own + others, where others = max(0, reported -
-own when the report arrived). The router's own count is exact for its dispatches and never stale;
-the report lags by up to one poll but also covers requests sent by other router replicas. Only that
-foreign share is taken from the report, so a request of ours that just finished stops counting at
-once instead of lingering until the next poll. A report older than three poll intervals (or from a
-failed poll) is ignored. What is counted depends on the role (summed over DP ranks):
+Load rule (what policies see as WorkerView.load): own + peers + others, where peers = what the
+replicas that sync with this one have in flight (replicas/sync.py, milliseconds old) and others =
+max(0, reported - (own + peers) when the report arrived). The router's own count is exact for its
+dispatches and never stale; the report lags by up to one poll but also covers requests sent by
+routers that do not sync. Only that foreign share is taken from the report, so a request of ours
+that just finished stops counting at once instead of lingering until the next poll. A report older
+than three poll intervals (or from a failed poll) is ignored. What is counted depends on the role
+(summed over DP ranks):
 
 - colocated worker: requests; own = in flight, reported = num_running_reqs + num_waiting_reqs;
 - PD prefill: unprefilled tokens; own = prompt tokens dispatched minus the hit the view showed,
@@ -109,6 +111,8 @@ class Worker:
     reported_running: int | None = None  # colocated: num_running_reqs of the last report
     reported_at: float = 0.0
     own_at_report: int = 0
+    peers: int = 0  # the syncing replicas' counts, in own's unit (replicas/sync.py)
+    peers_at_report: int = 0
     page_size: int | None = None
     models: frozenset[str] = frozenset()
     context_length: int | None = None  # the model's, from /v1/models (max_model_len)
@@ -132,9 +136,10 @@ class Worker:
         return self.inflight if self.role is Role.WORKER else self.tokens
 
     def load(self, now: float, max_age: float) -> float:
+        seen = self.own + self.peers
         if self.reported_load is None or now - self.reported_at > max_age:
-            return float(self.own)
-        return self.own + max(0.0, self.reported_load - self.own_at_report)
+            return float(seen)
+        return seen + max(0.0, self.reported_load - self.own_at_report - self.peers_at_report)
 
     def running(self, now: float, max_age: float) -> int | None:
         if self.role is not Role.WORKER or now - self.reported_at > max_age:
@@ -147,6 +152,7 @@ class Worker:
             "role": self.role.value,
             "healthy": self.healthy,
             "inflight": self.inflight,
+            "peers": self.peers,
             "load": self.load(now, max_age),
             "reported_load": self.reported_load,
             "running": self.running(now, max_age),
@@ -479,3 +485,4 @@ class WorkerRegistry:
         w.reported_running = running
         w.reported_at = time.monotonic()
         w.own_at_report = w.own
+        w.peers_at_report = w.peers

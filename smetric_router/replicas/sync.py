@@ -1,0 +1,224 @@
+"""Router replicas tell each other what they have in flight, so that N routers see load as one.
+
+A replica's own count per worker (Worker.own: requests in flight to a colocated worker, tokens
+for a PD instance) is exact and immediate for its own dispatches. Another replica's dispatches
+reached it only through the workers' /v1/loads, up to one poll late: in that window a burst of
+first turns reads the same worker as least loaded in every replica, and four replicas had a
+1.08-1.27x worse TTFT p90 than one router (benchmarks/results/compare-replicas.md).
+
+Each replica publishes a snapshot of its own counts when they change (checked every
+`send_every_s`) and at least every `heartbeat_s`. Snapshots, never deltas: a lost or reordered
+message is corrected by the next, and a restarted replica (a new id) starts from nothing. A peer
+not heard for `expire_s` stops counting; the workers' reports then cover whatever it still has in
+flight, as they cover any router that does not sync. The counts enter the load rule beside the
+router's own (router/workers.py).
+
+Wire: ZeroMQ PUB/SUB, one msgpack array per snapshot: [version, replica id, seq, {url: count}].
+Every replica subscribes to every endpoint it is given, its own included (it skips its own id),
+so all replicas can be given the same list. Counts for a URL a replica does not serve are
+ignored: a forged message can skew load between configured workers, never route elsewhere.
+
+Invariants: a worker's `peers` is the sum over fresh peers of their last snapshot's count for its
+URL, 0 when none has it; nothing here touches the router's own counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+import zmq.asyncio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from smetric_router.router.workers import Worker
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+
+
+class Snapshot(msgspec.Struct, array_like=True, frozen=True):
+    version: int
+    replica: str
+    seq: int
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncConfig:
+    bind: str  # a ZeroMQ endpoint: tcp://host:port or ipc:///path
+    peers: tuple[str, ...]
+    # A request on the emulated H20 profile waits tens of ms for its first token at best: a
+    # peer's dispatch is seen within a fraction of that.
+    send_every_s: float = 0.005
+    heartbeat_s: float = 0.25
+    expire_s: float = 1.0
+
+
+@dataclass(slots=True)
+class _Peer:
+    seq: int
+    counts: dict[str, int]
+    heard_at: float
+
+
+class ReplicaSync:
+    """Publishes this replica's counts and folds its peers' into each Worker.peers."""
+
+    def __init__(
+        self,
+        config: SyncConfig,
+        workers: Callable[[], Iterable[Worker]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.replica = os.urandom(8).hex()
+        self._workers = workers
+        self._clock = clock
+        self._peers: dict[str, _Peer] = {}
+        self._seq = 0
+        self._sent: dict[str, int] | None = None
+        self._sent_at = 0.0
+        self._decoder = msgspec.msgpack.Decoder(Snapshot)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._pub: zmq.asyncio.Socket | None = None
+        self._sub: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.received = 0
+        self.malformed = 0
+
+    @property
+    def peers(self) -> int:
+        """Peers heard within expire_s."""
+        return len(self._peers)
+
+    async def start(self) -> None:
+        ctx = zmq.asyncio.Context.instance()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        # a snapshot supersedes the ones before it: a slow peer needs the newest, not a backlog
+        pub.setsockopt(zmq.SNDHWM, 16)
+        try:
+            pub.bind(self.config.bind)
+        except zmq.ZMQError as e:
+            pub.close()
+            raise OSError(f"--replica-sync-bind {self.config.bind}: {e}") from None
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 1024)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        for peer in self.config.peers:
+            sub.connect(peer)
+        self._pub, self._sub = pub, sub
+        self._tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._recv())]
+        log.info(
+            "replica sync: publishing on %s, listening to %d endpoints (replica %s)",
+            self.config.bind,
+            len(self.config.peers),
+            self.replica,
+        )
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        for s in (self._pub, self._sub):
+            if s is not None:
+                s.close()
+        self._pub = self._sub = None
+        self._peers.clear()
+        self._fold()
+
+    def snapshot(self) -> bytes | None:
+        """The next message to send, or None when nothing changed since the last heartbeat."""
+        counts = {w.url: w.own for w in self._workers()}
+        now = self._clock()
+        if counts == self._sent and now - self._sent_at < self.config.heartbeat_s:
+            return None
+        self._seq += 1
+        self._sent, self._sent_at = counts, now
+        return self._encoder.encode(Snapshot(VERSION, self.replica, self._seq, counts))
+
+    def receive(self, message: bytes) -> None:
+        """Take a peer's snapshot (a malformed one is counted and dropped)."""
+        try:
+            snap = self._decoder.decode(message)
+        except msgspec.DecodeError as e:
+            self.malformed += 1
+            if self.malformed == 1 or self.malformed % 1000 == 0:
+                log.warning(
+                    "replica sync: malformed message dropped (%d so far): %s", self.malformed, e
+                )
+            return
+        if snap.version != VERSION or snap.replica == self.replica:
+            return
+        self.received += 1
+        peer = self._peers.get(snap.replica)
+        if peer is not None and snap.seq <= peer.seq:
+            return  # older than what we hold
+        self._peers[snap.replica] = _Peer(snap.seq, snap.counts, self._clock())
+        self._fold()
+
+    def expire(self) -> None:
+        now = self._clock()
+        gone = [r for r, p in self._peers.items() if now - p.heard_at > self.config.expire_s]
+        for r in gone:
+            del self._peers[r]
+            log.info(
+                "replica sync: peer %s not heard for %.1f s; its counts dropped",
+                r,
+                self.config.expire_s,
+            )
+        if gone:
+            self._fold()
+
+    def _fold(self) -> None:
+        for w in self._workers():
+            w.peers = sum(p.counts.get(w.url, 0) for p in self._peers.values())
+
+    async def _send_loop(self) -> None:
+        assert self._pub is not None
+        while True:
+            await asyncio.sleep(self.config.send_every_s)
+            self.expire()
+            message = self.snapshot()
+            if message is not None:
+                with contextlib.suppress(zmq.Again):  # no room: the next snapshot replaces it
+                    await self._pub.send(message, zmq.NOBLOCK)
+
+    async def _recv(self) -> None:
+        assert self._sub is not None
+        while True:
+            self.receive(await self._sub.recv())
+
+
+class SyncCollector(Collector):
+    def __init__(self, sync: ReplicaSync) -> None:
+        self._sync = sync
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        s = self._sync
+        yield GaugeMetricFamily(
+            "smetric_replica_peers",
+            "Router replicas whose in-flight counts this one heard within the expiry",
+            value=s.peers,
+        )
+        received = CounterMetricFamily(
+            "smetric_replica_sync_received",
+            "Replica-sync messages received: taken (a peer's snapshot) or malformed (dropped)",
+            labels=["outcome"],
+        )
+        received.add_metric(["taken"], s.received)
+        received.add_metric(["malformed"], s.malformed)
+        yield received

@@ -1,0 +1,124 @@
+"""What one replica makes of its peers' snapshots (no sockets: messages handed over directly)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from smetric_router.replicas.sync import VERSION, ReplicaSync, Snapshot, SyncConfig
+from smetric_router.router.workers import Role, Worker
+from tests.helpers.clock import FakeClock
+
+A, B = "http://a:1", "http://b:1"
+
+
+def replica(workers: list[Worker], clock: FakeClock) -> ReplicaSync:
+    return ReplicaSync(SyncConfig("inproc://unused", ()), lambda: workers, clock=clock)
+
+
+def pair() -> tuple[list[Worker], list[Worker], ReplicaSync, ReplicaSync, FakeClock]:
+    clock = FakeClock()
+    mine, theirs = [Worker(A), Worker(B)], [Worker(A), Worker(B)]
+    return mine, theirs, replica(mine, clock), replica(theirs, clock), clock
+
+
+def test_a_peers_dispatch_counts_on_the_same_worker() -> None:
+    mine, theirs, me, peer, _ = pair()
+    theirs[0].inflight = 3
+    message = peer.snapshot()
+    assert message is not None
+    me.receive(message)
+    assert [w.peers for w in mine] == [3, 0]
+    assert mine[0].load(now=0.0, max_age=1.0) == 3.0
+    assert [w.inflight for w in mine] == [0, 0]  # the own count is left alone
+
+
+def test_a_snapshot_replaces_the_last_and_peers_add_up() -> None:
+    mine, theirs, me, peer, clock = pair()
+    third = replica(other := [Worker(A), Worker(B)], clock)
+    theirs[0].inflight, other[0].inflight, other[1].inflight = 2, 1, 4
+    for r in (peer, third):
+        m = r.snapshot()
+        assert m is not None
+        me.receive(m)
+    assert [w.peers for w in mine] == [3, 4]
+    theirs[0].inflight = 0
+    m = peer.snapshot()
+    assert m is not None
+    me.receive(m)
+    assert [w.peers for w in mine] == [1, 4]
+
+
+def test_nothing_is_sent_until_a_count_changes_or_the_heartbeat_is_due() -> None:
+    _, theirs, _, peer, clock = pair()
+    assert peer.snapshot() is not None
+    assert peer.snapshot() is None
+    theirs[1].inflight = 1
+    assert peer.snapshot() is not None
+    clock.advance(peer.config.heartbeat_s)
+    assert peer.snapshot() is not None
+
+
+def test_an_older_snapshot_its_own_and_unknown_workers_change_nothing() -> None:
+    mine, theirs, me, peer, _ = pair()
+    theirs[0].inflight = 2
+    old = peer.snapshot()
+    theirs[0].inflight = 5
+    new = peer.snapshot()
+    assert old is not None and new is not None
+    me.receive(new)
+    me.receive(old)
+    assert mine[0].peers == 5
+    mine[1].inflight = 7
+    own = me.snapshot()
+    assert own is not None
+    me.receive(own)
+    assert mine[1].peers == 0
+    forged = Snapshot(VERSION, "someone", 1, {"http://elsewhere:1": 9})
+    me.receive(msgspec.msgpack.encode(forged))
+    assert [w.peers for w in mine] == [5, 0]
+
+
+def test_a_malformed_message_is_counted_and_dropped() -> None:
+    mine, _, me, _, _ = pair()
+    me.receive(b"\x93not msgpack of a snapshot")
+    me.receive(msgspec.msgpack.encode([VERSION, "x", 1, {A: "three"}]))
+    assert me.malformed == 2 and me.received == 0
+    assert [w.peers for w in mine] == [0, 0]
+
+
+def test_a_silent_peer_expires_and_the_reports_take_over() -> None:
+    mine, theirs, me, peer, clock = pair()
+    theirs[0].inflight = 2
+    m = peer.snapshot()
+    assert m is not None
+    me.receive(m)
+    assert me.peers == 1
+    clock.advance(me.config.expire_s / 2)
+    me.expire()
+    assert mine[0].peers == 2
+    clock.advance(me.config.expire_s)
+    me.expire()
+    assert me.peers == 0 and mine[0].peers == 0
+
+
+def test_the_report_adds_only_what_neither_this_replica_nor_its_peers_sent() -> None:
+    w = Worker(A)
+    w.inflight, w.peers = 1, 2
+    # the poll's bookkeeping, as WorkerRegistry._poll_one does it
+    w.reported_load, w.reported_at = 5.0, 10.0
+    w.own_at_report, w.peers_at_report = w.own, w.peers
+    assert w.load(now=10.0, max_age=1.0) == 5.0  # 1 + 2 + (5 - 3) routed elsewhere
+    w.peers = 0  # the peer's requests finished: they stop counting before the next report
+    assert w.load(now=10.0, max_age=1.0) == 3.0
+    assert w.load(now=12.0, max_age=1.0) == 1.0  # a stale report adds nothing
+
+
+def test_pd_instances_share_their_own_unit() -> None:
+    clock = FakeClock()
+    mine, theirs = [Worker(A, role=Role.PREFILL)], [Worker(A, role=Role.PREFILL)]
+    me, peer = replica(mine, clock), replica(theirs, clock)
+    theirs[0].tokens = 4096  # unprefilled tokens, not requests
+    m = peer.snapshot()
+    assert m is not None
+    me.receive(m)
+    assert mine[0].peers == 4096
