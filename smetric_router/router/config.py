@@ -85,7 +85,7 @@ FLAG_GROUPS = {
     "PUB/SUB, a few ms old), so that every replica sees the others' requests before the "
     "workers' next load report does. --processes replicas do it over ipc on their own; "
     "replicas on other hosts are given --replica-sync-bind and --replica-sync-peers "
-    "(docs/production.md#router-replicas)",
+    "(docs/deploy.md#scaling-the-router-tier)",
     DISCOVERY: "workers from Kubernetes pods or a file, added and removed as they come and go, "
     "by the same path as POST/DELETE /workers (flag names as sglang_router's); workers given "
     "with --worker-urls, --prefill or --decode stay as given: discovery only removes what it "
