@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from aiohttp import HttpVersion11, hdrs, web
+from aiohttp import HttpVersion11, hdrs, web, web_response
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
@@ -63,6 +63,18 @@ def hide_server(app: web.Application) -> None:
     """No Server header on the app's responses (all of them: the catch-all route answers what
     no other route does)."""
     app.on_response_prepare.append(_drop_server)
+
+
+PRODUCT = "smetric-router"
+
+
+def name_server_without_version() -> None:
+    """For the router's own process: aiohttp answers a request it cannot parse (400) before any
+    app sees it, so on_response_prepare cannot drop the Server header there, and aiohttp names
+    itself and its version in it. Its process-wide default becomes the product's name alone.
+    Process-wide, so only the router's process sets it (not a library or test that embeds the
+    app beside servers of its own)."""
+    web_response.SERVER_SOFTWARE = PRODUCT  # type: ignore[attr-defined]  # read at each answer
 
 
 def add_catch_all(app: web.Application) -> None:

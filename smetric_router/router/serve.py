@@ -95,6 +95,9 @@ async def serve(
     the port this one bound, and stop them on the way out."""
     from smetric_router.router.app import RUNNER_OPTIONS, build_app, metrics_app
     from smetric_router.router.assemble import make_state
+    from smetric_router.router.http_guards import name_server_without_version
+
+    name_server_without_version()
 
     if config.enable_trace:  # before the app: its server-span middleware is added if on
         tracing.enable(config.otlp_traces_endpoint, config.otlp_service_name)
