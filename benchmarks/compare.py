@@ -210,10 +210,12 @@ def _get(url: str, timeout: float = 5) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-def _post(url: str, body: dict[str, Any] | None = None, timeout: float = 30) -> tuple[int, bytes]:
+def _post(url: str, body: dict[str, Any] | None = None, timeout: float = 30,
+          headers: dict[str, str] | None = None) -> tuple[int, bytes]:  # fmt: skip
     data = json.dumps(body).encode() if body is not None else b""
     req = urllib.request.Request(url, data=data, method="POST",
-                                 headers={"content-type": "application/json"})  # fmt: skip
+                                 headers={"content-type": "application/json",
+                                          **(headers or {})})  # fmt: skip
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read()
@@ -223,7 +225,12 @@ def _post(url: str, body: dict[str, Any] | None = None, timeout: float = 30) -> 
 
 def router_argv(name: str, spec: ClusterSpec, workers: list[str], port: int,
                 sglang_py: str, stack: Stack) -> list[str]:  # fmt: skip
-    d = ROUTERS[name]
+    return def_argv(ROUTERS[name], spec, workers, port, sglang_py, stack)
+
+
+def def_argv(d: RouterDef, spec: ClusterSpec, workers: list[str], port: int,
+             sglang_py: str, stack: Stack) -> list[str]:  # fmt: skip
+    """The command line of router `d` on `port` in front of `workers`."""
     if d.kind == "smetric":
         r = replace(spec.router, host="127.0.0.1", port=port, policy=d.policy)
         own = router_args(replace(spec, router=r), stack.workers)
@@ -237,11 +244,11 @@ def router_argv(name: str, spec: ClusterSpec, workers: list[str], port: int,
     return [sglang_py, "-m", "sglang_router.launch_router", *common]
 
 
-def _chat_ok(url: str, model: str) -> bool:
+def _chat_ok(url: str, model: str, headers: dict[str, str] | None = None) -> bool:
     body = {"model": model, "max_tokens": 2,
             "messages": [{"role": "user", "content": "ready?"}]}  # fmt: skip
     try:
-        status, _ = _post(url + "/v1/chat/completions", body, timeout=5)
+        status, _ = _post(url + "/v1/chat/completions", body, timeout=5, headers=headers)
     except (urllib.error.URLError, OSError):
         return False
     return status == 200
@@ -249,14 +256,20 @@ def _chat_ok(url: str, model: str) -> bool:
 
 @contextlib.contextmanager
 def running(
-    argv: list[str], url: str, model: str, log: Path, timeout_s: float = 90
+    argv: list[str],
+    url: str,
+    model: str,
+    log: Path,
+    timeout_s: float = 90,
+    headers: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A router process, ready once it answers a chat completion; stopped on exit."""
+    """A router process, ready once it answers a chat completion (sent with `headers`: a key
+    for a router that requires one); stopped on exit."""
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + timeout_s
-        while not _chat_ok(url, model):
+        while not _chat_ok(url, model, headers):
             if proc.poll() is not None:
                 if re.search(rb"address already in use", log.read_bytes(), re.I):
                     raise PortTaken(f"router could not bind; see {log}")
