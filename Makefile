@@ -80,8 +80,11 @@ lint: setup
 # .venv-sglang installs; then the suite. compileall: where PYTHONDONTWRITEBYTECODE is set (as on
 # these machines) nothing writes the project's bytecode, and each of the hundreds of processes the
 # suite starts would compile its modules again.
+# Two pytest processes: most tests wait on servers and emulated workers running in real time, so
+# two keep the two cores busy; the real-SGLang tests stay in one (tests/helpers/groups.py).
+TEST_PROCESSES ?= 2
 test:
 	$(MAKE) --no-print-directory -j4 --output-sync=target lint sglang agents test-tools
 	$(PY) -m compileall -q smetric_router tests benchmarks
 	SMETRIC_REQUIRE_SGLANG=1 SMETRIC_REQUIRE_SHARED=1 SMETRIC_REQUIRE_AGENTS=1 SMETRIC_REQUIRE_DEPLOY=1 \
-		SMETRIC_REQUIRE_PROMETHEUS=1 SMETRIC_REQUIRE_CHROMIUM=1 $(PY) -m pytest
+		SMETRIC_REQUIRE_PROMETHEUS=1 SMETRIC_REQUIRE_CHROMIUM=1 $(PY) -m pytest -n $(TEST_PROCESSES)

@@ -4,6 +4,11 @@
 pytest runs modules in file order, which interleaves those users with modules that start stacks
 of their own; a shared stack is stopped before such a module (one real stack at a time, ~6.5 GB
 each), so interleaved users would start it again each time (~30 s of CPU per start).
+
+Under pytest-xdist (`make test` runs two processes), a module is the unit a process takes, so
+its module fixtures start once, and everything under tests/real_sglang is one unit: one process
+runs its real stacks one at a time (two at once would need ~13 GB) while the other runs the
+rest. That unit is the longest, so it goes first.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import pytest
 
 SHARED_STACK_FIXTURES = ("sglang_stack", "mooncake_stack")
+REAL_SGLANG = "tests/real_sglang/"
 
 
 def group_of(item: pytest.Item) -> str:
@@ -26,3 +32,14 @@ def keep_groups_together(items: list[pytest.Item]) -> None:
     for i, item in enumerate(items):
         first.setdefault(group_of(item), i)
     items.sort(key=lambda item: first[group_of(item)])  # stable: a group keeps its own order
+
+
+def worker_unit(nodeid: str) -> str:
+    """The unit one pytest-xdist process runs whole: all of tests/real_sglang (its shared
+    stacks' users included), else the test's module."""
+    return "real-sglang" if nodeid.startswith(REAL_SGLANG) else nodeid.split("::", 1)[0]
+
+
+def put_real_sglang_first(items: list[pytest.Item]) -> None:
+    """Stable: the rest keep their order."""
+    items.sort(key=lambda item: not item.nodeid.startswith(REAL_SGLANG))
