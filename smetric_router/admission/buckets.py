@@ -1,7 +1,9 @@
-"""Token buckets for the tenants' rate limits, as pure structures on an injected clock.
+"""Token buckets for the rate limits, as pure structures on an injected clock.
 
-A bucket holds up to one minute's allowance and refills continuously at allowance / 60 per
-second, so a tenant may burst a whole minute's worth at once and then goes at its rate. A
+A tenant's bucket holds up to one minute's allowance and refills continuously at allowance / 60
+per second, so a tenant may burst a whole minute's worth at once and then goes at its rate. The
+router-wide bucket (--rate-limit-tokens-per-second) holds one second's worth: it shapes the
+cluster's intake, where a minute's burst would be the overload it is there to stop. A
 request is let through when the bucket holds what it costs, and takes that much. One that costs
 more than a whole minute's allowance (a prompt longer than tokens_per_minute) is let through on
 a full bucket and leaves it in debt: it is never refused for good, and the debt is paid back
@@ -19,11 +21,13 @@ TOKENS = "tokens"
 
 
 class TokenBucket:
-    def __init__(self, per_minute: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, per_minute: float, clock: Callable[[], float], burst_s: float = 60.0
+    ) -> None:
         if not per_minute > 0:
             raise ValueError(f"a bucket's allowance must be > 0 per minute, got {per_minute}")
-        self.capacity = float(per_minute)
         self.rate = per_minute / 60.0  # per second
+        self.capacity = self.rate * burst_s
         self._clock = clock
         self._level = self.capacity  # starts full
         self._at = clock()
@@ -51,12 +55,14 @@ class TokenBucket:
 
 @dataclass(frozen=True, slots=True)
 class Refused:
-    """A request over its tenant's limit: which one (REQUESTS or TOKENS), its allowance per
-    minute, and the whole seconds until the bucket has room (>= 1), for Retry-After."""
+    """A request over a limit: which one (REQUESTS or TOKENS), its allowance per minute, the
+    whole seconds until the bucket has room (>= 1, for Retry-After), and whether it was the
+    router-wide limit rather than the tenant's."""
 
     limit: str
     per_minute: float
     retry_after: int
+    router_wide: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +74,20 @@ class Limits:
 
 
 class RateLimiter:
-    """Each limited tenant's buckets. charge() is all or nothing: a request refused by one
-    bucket takes nothing from the other."""
+    """Each limited tenant's buckets, and the router-wide one on prompt tokens. charge() is all
+    or nothing: a request refused by one bucket takes nothing from the others."""
 
-    def __init__(self, limits: Iterable[tuple[str, Limits]], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        limits: Iterable[tuple[str, Limits]],
+        clock: Callable[[], float],
+        router_tokens_per_second: float = 0.0,
+    ) -> None:
+        self._router = (
+            TokenBucket(router_tokens_per_second * 60, clock, burst_s=1.0)
+            if router_tokens_per_second > 0
+            else None
+        )
         self._buckets: dict[str, list[tuple[str, TokenBucket]]] = {}
         for tenant, lim in limits:
             buckets = []
@@ -83,23 +99,27 @@ class RateLimiter:
                 self._buckets[tenant] = buckets
 
     def __bool__(self) -> bool:
-        return bool(self._buckets)
+        return bool(self._buckets) or self._router is not None
+
+    def _of(self, tenant: str) -> list[tuple[str, TokenBucket]]:
+        mine = self._buckets.get(tenant, [])
+        return mine if self._router is None else [*mine, (TOKENS, self._router)]
 
     def charge(self, tenant: str, tokens: int) -> Refused | None:
         """Let a request of `tokens` prompt tokens through (None), taking from the tenant's
-        buckets, or say why not (taking nothing)."""
-        buckets = self._buckets.get(tenant)
-        if buckets is None:
-            return None
+        buckets and the router's, or say why not (taking nothing)."""
         cost = {REQUESTS: 1.0, TOKENS: float(tokens)}
         worst: tuple[float, str, TokenBucket] | None = None
+        buckets = self._of(tenant)
         for limit, bucket in buckets:
             wait = bucket.wait(cost[limit])
             if wait > 0 and (worst is None or wait > worst[0]):
                 worst = (wait, limit, bucket)
         if worst is not None:
             wait, limit, bucket = worst
-            return Refused(limit, bucket.capacity, max(1, math.ceil(wait - 1e-9)))
+            per_minute = bucket.rate * 60
+            retry = max(1, math.ceil(wait - 1e-9))
+            return Refused(limit, per_minute, retry, router_wide=bucket is self._router)
         for limit, bucket in buckets:
             bucket.take(cost[limit])
         return None
@@ -107,5 +127,5 @@ class RateLimiter:
     def refund(self, tenant: str, tokens: int) -> None:
         """Give back a charge whose request left unserved (the admission queue shed it)."""
         cost = {REQUESTS: 1.0, TOKENS: float(tokens)}
-        for limit, bucket in self._buckets.get(tenant, ()):
+        for limit, bucket in self._of(tenant):
             bucket.give_back(cost[limit])

@@ -25,12 +25,17 @@ def refusal(shed: Shed, retry_after: int) -> RouterError:
 
 
 def rate_limited(tenant: str, refused: Refused) -> RouterError:
-    """A tenant over its requests or tokens per minute (admission/buckets.py)."""
+    """A tenant over its requests or tokens per minute, or the router over its prompt tokens per
+    second (admission/buckets.py)."""
     what = "requests" if refused.limit == REQUESTS else "prompt tokens"
+    limit = (
+        f"the router: {refused.per_minute / 60:g} {what} per second over all clients"
+        if refused.router_wide
+        else f"{tenant}: {refused.per_minute:g} {what} per minute"
+    )
     return RouterError(
         429,
-        f"Rate limit reached for {tenant}: {refused.per_minute:g} {what} per minute. "
-        f"Retry after {refused.retry_after} s.",
+        f"Rate limit reached for {limit}. Retry after {refused.retry_after} s.",
         type_=refused.limit,
         code=RATE_LIMIT_CODE,
         headers={"Retry-After": str(refused.retry_after), SHED_HEADER: RATE_LIMIT},

@@ -132,8 +132,12 @@ class RouterState:
         self.tenants = config.tenants()
         self.auth = config.auth(self.tenants)
         self.tenant_names = self.tenants.names if self.tenants is not None else (ANONYMOUS,)
-        limits = RateLimiter(self.tenants.limits() if self.tenants else (), time.monotonic)
-        self.limits = limits if limits else None  # None: no tenant has a limit
+        limits = RateLimiter(
+            self.tenants.limits() if self.tenants else (),
+            time.monotonic,
+            router_tokens_per_second=config.rate_limit_tokens_per_second,
+        )
+        self.limits = limits if limits else None  # None: no limit at all
         admission = config.admission()
         weights = self.tenants.weights() if self.tenants is not None else None
         # None when off: the request path then checks one attribute and nothing else
@@ -142,13 +146,13 @@ class RouterState:
             if admission is None
             else Gate(admission, self._worker_rooms, self._admission_metrics, weights=weights)
         )
-        # with the queue or tenants: admission's counters (the tenants' limits apply and are
-        # counted without the queue too); None: neither, and nothing on the request path
+        # with the queue, tenants or a rate limit: admission's counters (the limits apply and
+        # are counted without the queue too); None: none of them, nothing on the request path
         self.admission_metrics: AdmissionMetrics | None = (
             self.admission.metrics
             if self.admission is not None
             else AdmissionMetrics(self.metrics.registry, self.tenant_names, None, None)
-            if self.tenants is not None
+            if self.tenants is not None or self.limits is not None
             else None
         )
 

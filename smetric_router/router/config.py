@@ -514,6 +514,19 @@ class RouterConfig:
             group=ADMISSION,
         ),
     )
+    rate_limit_tokens_per_second: float = option(
+        0.0,
+        Flag(
+            "--rate-limit-tokens-per-second",
+            "prompt tokens per second the router takes in, over all clients (smg's flag of "
+            "this name counts requests; this one counts the prompt tokens the router "
+            "tokenized); past it a request is answered 429 with Retry-After. A bucket of one "
+            "second's worth, refilled continuously; a prompt larger than that passes on a "
+            "full bucket and leaves it in debt. Per router process. 0 = no limit",
+            metavar="N",
+            group=ADMISSION,
+        ),
+    )
     max_queued_requests_per_worker: int = option(
         0,
         Flag(
@@ -915,7 +928,12 @@ class RouterConfig:
             raise ValueError(
                 f"max_upstream_connections must be >= 0, got {self.max_upstream_connections}"
             )
-        for name in ("max_concurrent_requests", "queue_size", "max_queued_requests_per_worker"):
+        for name in (
+            "max_concurrent_requests",
+            "queue_size",
+            "max_queued_requests_per_worker",
+            "rate_limit_tokens_per_second",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.queue_timeout_secs <= 0 or self.queue_first_turn_ceiling_secs < 0:

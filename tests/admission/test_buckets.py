@@ -82,3 +82,24 @@ def test_a_refund_gives_the_charge_back_up_to_full() -> None:
     lim.refund("a", 100)  # never past full
     assert lim.charge("a", 100) is None
     assert lim.charge("a", 1) is not None
+
+
+def test_the_router_wide_limit_holds_one_seconds_worth_over_every_tenant() -> None:
+    clock = FakeClock()
+    lim = RateLimiter(
+        [("a", Limits(requests_per_minute=100))], clock, router_tokens_per_second=1000
+    )
+    assert lim  # a limit even where no tenant has one
+    assert lim.charge("a", 600) is None
+    refused = lim.charge("anonymous", 600)  # another tenant, the same router-wide bucket
+    assert refused is not None and refused.router_wide and refused.limit == TOKENS
+    assert refused.per_minute == 60_000 and refused.retry_after == 1  # 200 tokens: 0.2 s
+    clock.advance(0.2)
+    assert lim.charge("anonymous", 600) is None
+    lim.refund("anonymous", 600)
+    assert lim.charge("b", 600) is None  # the refund went back to the router's bucket
+    # a prompt over a second's worth passes on a full bucket and leaves it in debt
+    clock.advance(10)
+    assert lim.charge("b", 3000) is None
+    refused = lim.charge("b", 1)
+    assert refused is not None and refused.retry_after == 3

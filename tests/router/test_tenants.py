@@ -185,3 +185,33 @@ async def test_priority_orders_a_tenants_requests_in_the_router_queue(
             orders[p] = int(headers["x-smetric-admission-order"])
     assert orders[7] < orders[3] < orders[0], orders
     assert [b["priority"] for b in w.bodies] == [0, 7, 3, 0]
+
+
+async def test_the_router_wide_token_rate_refuses_any_client_past_it(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    """--rate-limit-tokens-per-second without tenants: prompt tokens over all clients."""
+    w = await make_worker()
+    router = await make_router([w.url], rate_limit_tokens_per_second=40)
+    clock = FakeClock()
+    router.state.limits = RateLimiter((), clock, router_tokens_per_second=40)
+    long = {**CHAT, "messages": [{"role": "user", "content": "a few words of a prompt " * 4}]}
+    chat = router.url + "/v1/chat/completions"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(chat, json=long) as r:
+            assert r.status == 200  # a full bucket lets one prompt over 40 tokens through
+        async with http.post(chat, json=CHAT) as r:
+            body = await r.json()
+            assert r.status == 429, body
+            assert int(r.headers["Retry-After"]) >= 1
+            assert r.headers["x-smetric-shed"] == "rate_limit"
+            assert body["error"]["code"] == "rate_limit_exceeded"
+            assert body["error"]["type"] == "tokens"
+            assert "40 prompt tokens per second over all clients" in body["error"]["message"]
+        clock.advance(int(r.headers["Retry-After"]))
+        async with http.post(chat, json=CHAT) as r:
+            assert r.status == 200
+        async with http.get(router.url + "/metrics") as m:
+            text = await m.text()
+    assert total(text, "smetric_admission_shed_total", reason="rate_limit") == 1
+    assert len(w.bodies) == 2
