@@ -20,7 +20,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class WorkerRoom:
     url: str
-    healthy: bool
+    healthy: bool  # passes its health checks and its circuit lets requests through
     queued: float
 
 

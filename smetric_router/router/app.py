@@ -163,14 +163,20 @@ class RouterState:
 
     def _worker_rooms(self) -> list[WorkerRoom]:
         """The workers admission weighs (the KV-serving side: prefill under PD, whose reports
-        carry no running batch, so there only the cluster cap applies)."""
-        if self._registry is None:
+        carry no running batch, so there only the cluster cap applies). One whose circuit is
+        open is no room, whatever its queue: the policy will not send it anything."""
+        registry = self._registry
+        if registry is None:
             return []
-        now, max_age = time.monotonic(), self._registry.max_load_age
+        now, max_age = time.monotonic(), registry.max_load_age
         role = Role.PREFILL if self.config.pd_disaggregation else Role.WORKER
         return [
-            WorkerRoom(w.url, w.healthy, queued(w.load(now, max_age), w.running(now, max_age)))
-            for w in self._registry.of_role(role)
+            WorkerRoom(
+                w.url,
+                w.healthy and registry.takes_requests(w.url),
+                queued(w.load(now, max_age), w.running(now, max_age)),
+            )
+            for w in registry.of_role(role)
         ]
 
     @property
