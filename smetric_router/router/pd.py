@@ -42,6 +42,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from smetric_router.breaker.state import Outcome, Pass
 from smetric_router.core import tracing
 from smetric_router.core.tracing import AttrValue
 from smetric_router.core.types import RequestFeatures
@@ -115,6 +116,33 @@ class _Failed:
     body: bytes = b""
     content_type: str = "application/json"
     retry: bool = True  # False: dropped after it was sent (see --retry-on-reset)
+
+
+# Failures that say nothing about the worker named: it was removed, or the router held it back.
+_NOT_THE_WORKERS = ("removed", "circuit open")
+
+
+def _verdicts(outcome: web.StreamResponse | _Failed) -> dict[Side, Outcome]:
+    """What one attempt's end says about each side. A failed side failed, the other said
+    nothing; an answer is the decode's (a prefill's own 4xx is relayed as an answer too, and
+    a 4xx is the client's doing). A decode stream cut after its head is not seen here."""
+    if isinstance(outcome, _Failed):
+        failed = Outcome.IGNORED if outcome.why in _NOT_THE_WORKERS else Outcome.FAILURE
+        other = Side.DECODE if outcome.side is Side.PREFILL else Side.PREFILL
+        return {outcome.side: failed, other: Outcome.IGNORED}
+    if outcome.status >= 500:
+        return {Side.PREFILL: Outcome.IGNORED, Side.DECODE: Outcome.FAILURE}
+    if outcome.status >= 400:
+        return {Side.PREFILL: Outcome.IGNORED, Side.DECODE: Outcome.IGNORED}
+    return {Side.PREFILL: Outcome.SUCCESS, Side.DECODE: Outcome.SUCCESS}
+
+
+def _error_verdicts(e: RouterError) -> dict[Side, Outcome]:
+    """The router's own errors that name a side's fault: a prefill that never handed over, a
+    decode that did not answer in time; a stalled worker is already marked unhealthy."""
+    prefill = Outcome.FAILURE if e.code == "prefill_timeout" else Outcome.IGNORED
+    decode = Outcome.FAILURE if e.code == "worker_timeout" else Outcome.IGNORED
+    return {Side.PREFILL: prefill, Side.DECODE: decode}
 
 
 def _worker_error(status: int, body: bytes, content_type: str, pair: Pair) -> web.Response:
@@ -258,9 +286,9 @@ class PdProxy:
                 payload = with_bootstrap(body, prefill, n)
                 stream = body.get("stream") is True
                 tries = len(excluded[Side.PREFILL]) + len(excluded[Side.DECODE])
-                outcome = await self._attempt(
+                outcome = await self._through_circuits(
                     request, path, payload, headers, pair, prefill, decode, started, label, stream,
-                    tries,
+                    tries, excluded,
                 )  # fmt: skip
             if isinstance(outcome, web.StreamResponse):
                 return outcome
@@ -274,6 +302,46 @@ class PdProxy:
             router = self.prefill_router if outcome.side is Side.PREFILL else self.decode_router
             rerouted = router.reroute(side_routed, excluded[outcome.side])
             pair = replace(pair, **{outcome.side.value: rerouted})
+
+    async def _through_circuits(
+        self,
+        request: web.Request,
+        path: str,
+        payload: bytes,
+        headers: bytes,
+        pair: Pair,
+        prefill: Worker,
+        decode: Worker,
+        started: float,
+        label: str,
+        stream: bool,
+        tries: int,
+        excluded: dict[Side, list[str]],
+    ) -> web.StreamResponse | _Failed:
+        """One attempt, if both circuits let it through, and what it says about each side."""
+        passes: dict[Side, Pass] = {}
+        for side, w in ((Side.PREFILL, prefill), (Side.DECODE, decode)):
+            last = not self._can_retry(pair.side(side), excluded[side], tries)
+            passed = self.registry.begin(w.url, last)
+            if passed is None:  # opened, or its probes filled, since the decision
+                for s, p in passes.items():
+                    self.registry.record(pair.side(s).decision.worker, p, Outcome.IGNORED)
+                return _Failed(side, w.url, "circuit open")
+            passes[side] = passed
+        verdicts = {Side.PREFILL: Outcome.IGNORED, Side.DECODE: Outcome.IGNORED}
+        try:
+            outcome = await self._attempt(
+                request, path, payload, headers, pair, prefill, decode, started, label, stream,
+                tries,
+            )  # fmt: skip
+            verdicts = _verdicts(outcome)
+            return outcome
+        except RouterError as e:
+            verdicts = _error_verdicts(e)
+            raise
+        finally:
+            self.registry.record(prefill.url, passes[Side.PREFILL], verdicts[Side.PREFILL])
+            self.registry.record(decode.url, passes[Side.DECODE], verdicts[Side.DECODE])
 
     def _can_retry(self, routed: Routed, excluded: list[str], tries: int) -> bool:
         if tries >= self.max_retries:

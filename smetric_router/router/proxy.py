@@ -24,8 +24,7 @@ from typing import Protocol
 from aiohttp import web
 from multidict import CIMultiDict
 
-from smetric_router.breaker.board import UNTRACKED
-from smetric_router.breaker.state import Pass, Verdict
+from smetric_router.breaker.state import Verdict
 from smetric_router.core import tracing
 from smetric_router.core.tracing import AttrValue
 from smetric_router.core.types import RequestFeatures
@@ -252,7 +251,7 @@ class Proxy:
             worker = self.registry.workers.get(routed.decision.worker)
             # On the last try a worker's own 5xx goes back to the client as it is.
             last = not self._can_retry(routed, excluded)
-            passed = None if worker is None else self._pass(worker.url, last)
+            passed = None if worker is None else self.registry.begin(worker.url, last)
             if worker is None:  # removed while an earlier try was in flight
                 why = "removed"
             elif passed is None:  # its circuit opened, or its probes filled, since the decision
@@ -301,8 +300,7 @@ class Proxy:
                 finally:
                     attempt.end()
                     self.router.release(hold, ran=ran)
-                    if self.registry.breakers is not None:
-                        self.registry.breakers.record(worker.url, passed, verdict.outcome)
+                    self.registry.record(worker.url, passed, verdict.outcome)
             if last:
                 raise RouterError(
                     502,
@@ -334,16 +332,6 @@ class Proxy:
         return any(
             w.usable and w.url != current and w.url not in excluded for w in routed.view.workers
         )
-
-    def _pass(self, worker: str, last: bool) -> Pass | None:
-        """The worker's circuit lets this attempt through (None: retry elsewhere). With nowhere
-        else to go it goes anyway, untracked: the client gets the worker's own answer rather
-        than the router's refusal."""
-        breakers = self.registry.breakers
-        if breakers is None:
-            return UNTRACKED
-        passed = breakers.begin(worker)
-        return UNTRACKED if passed is None and last else passed
 
     async def _send(
         self,

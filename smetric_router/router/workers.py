@@ -41,7 +41,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from smetric_router.breaker.board import Breakers
+from smetric_router.breaker.board import UNTRACKED, Breakers
+from smetric_router.breaker.state import Outcome, Pass
 from smetric_router.router.upstream import is_local
 
 log = logging.getLogger(__name__)
@@ -282,6 +283,20 @@ class WorkerRegistry:
     def takes_requests(self, url: str) -> bool:
         """Whether the worker's circuit lets a request through now (its health aside)."""
         return self.breakers is None or self.breakers.available(url)
+
+    def begin(self, url: str, last: bool) -> Pass | None:
+        """The worker's circuit lets this attempt through (None: retry elsewhere). With nowhere
+        else to go it goes anyway, untracked: the client gets the worker's own answer rather
+        than the router's refusal."""
+        if self.breakers is None:
+            return UNTRACKED
+        passed = self.breakers.begin(url)
+        return UNTRACKED if passed is None and last else passed
+
+    def record(self, url: str, passed: Pass, outcome: Outcome) -> None:
+        """What an attempt let through by begin() said about the worker."""
+        if self.breakers is not None:
+            self.breakers.record(url, passed, outcome)
 
     async def initialize(self, specs: Iterable[WorkerSpec]) -> None:
         """Register the start-up workers; those reachable now must agree on the page size."""

@@ -151,3 +151,29 @@ async def test_client_leaving_releases_both_sides(
     prefill.release.set()
     status, _, _ = await post(pd, CHAT)
     assert status == 200
+
+
+async def test_a_failing_prefill_opens_its_circuit_and_gets_no_more_requests(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    pd = await start_pd(
+        make_worker, make_router, cb_failure_threshold=2, cb_timeout_duration_secs=600
+    )
+    failing, working = pd.prefills
+    failing.fail_next = 10**6  # 503 to every request
+    served = 0
+    while len(failing.bodies) < 2:  # each failure is retried on the other prefill
+        status, headers, _ = await post(pd, CHAT)
+        assert status == 200 and headers["x-smetric-prefill-worker"] == working.url
+        served += 1
+        assert served < 10, "the failing prefill was never chosen"
+    async with aiohttp.ClientSession() as s, s.get(pd.url + "/workers") as r:
+        circuits = {w["url"]: w["circuit"]["state"] for w in (await r.json())["workers"]}
+    assert circuits[failing.url] == "open"
+    assert {circuits[w.url] for w in (working, *pd.decodes)} == {"closed"}
+    for _ in range(4):  # open: not chosen, not even tried
+        status, headers, _ = await post(pd, CHAT)
+        assert status == 200 and headers["x-smetric-prefill-worker"] == working.url
+    assert len(failing.bodies) == 2
+    assert pd.worker(failing.url).healthy  # the circuit, not the health check, keeps it out
+    assert all_released(pd)
