@@ -14,10 +14,10 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 
+from benchmarks.soak import rss_mb
 from smetric_router.core.prometheus import readable_samples, total
 
 SAMPLE_S = 0.5
@@ -25,17 +25,6 @@ SAMPLE_S = 0.5
 # router's listen backlog is far smaller than a flood, so the kernel lets connections in over
 # several SYN retries.
 RAMP_S = 60.0
-
-
-def rss_mb(pid: int) -> float:
-    """VmRSS of one process in MiB (0 when it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return 0.0
 
 
 @dataclass

@@ -38,6 +38,7 @@ import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from smetric_router.core.tasks import cancel_and_wait
 from smetric_router.router.workers import Worker
 
 log = logging.getLogger(__name__)
@@ -127,11 +128,7 @@ class ReplicaSync:
         )
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         for s in (self._pub, self._sub):
             if s is not None:

@@ -29,7 +29,6 @@ router cannot tell which of its dispatches the engine has admitted; None without
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -43,6 +42,7 @@ import orjson
 
 from smetric_router.breaker.board import UNTRACKED, Breakers
 from smetric_router.breaker.state import Outcome, Pass
+from smetric_router.core.tasks import cancel_and_wait
 from smetric_router.router.upstream import is_local
 
 log = logging.getLogger(__name__)
@@ -354,11 +354,7 @@ class WorkerRegistry:
         ]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     async def check_health(self) -> None:
