@@ -142,10 +142,14 @@ async def serve(
         if len(runners) > 1:
             ports["prometheus"] = bound_port(runners[1])
         for i in range(1, config.processes):
-            sync = ("--replica-sync-bind", endpoints[i], "--replica-sync-peers", *endpoints)
+            sync = (
+                ("--replica-sync-bind", endpoints[i], "--replica-sync-peers", *endpoints)
+                if endpoints
+                else ()
+            )
             replicas.append(
                 subprocess.Popen(
-                    replica_argv(argv, ports["http"], sync if endpoints else ()),
+                    replica_argv(argv, ports["http"], sync),
                     # one key for all replicas: each accepts the response ids the others issue
                     env={**os.environ, RESPONSE_ID_KEY_ENV: state.response_ids.key_text},
                     preexec_fn=_die_with_parent,

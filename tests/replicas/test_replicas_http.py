@@ -149,3 +149,22 @@ async def test_processes_replicas_see_one_load(stalled: list[FakeWorker], tmp_pa
         held.release.set()
         async with await request as r:
             assert r.status == 200
+
+
+async def test_processes_without_sync_hear_no_one(
+    stalled: list[FakeWorker], tmp_path: Path
+) -> None:
+    args = ["--worker-urls", *(w.url for w in stalled), "--processes", "2", "--no-replica-sync"]
+    async with router_process(args, tmp_path / "p.json") as url:
+        pids: set[int] = set()
+
+        async def both_answer_alone() -> bool:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(url + "/health", headers={"Connection": "close"}) as r,
+            ):
+                pids.add(int((await r.json())["pid"]))
+            assert "smetric_replica_peers" not in await asyncio.to_thread(scrape, url)
+            return len(pids) == 2
+
+        await eventually(both_answer_alone, "both processes to answer, neither syncing")
