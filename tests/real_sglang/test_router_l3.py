@@ -117,9 +117,13 @@ def test_session_whose_worker_flushed_and_left_is_served_elsewhere_from_l3(
     mooncake_stack: Stack,
 ) -> None:
     stack = mooncake_stack
+    # Past the shared system prompt (which the other worker may hold from an earlier test) the
+    # session's own part must be over SGLang's 256-token prefetch threshold, else the store is
+    # not read whatever it holds.
+    modules = ", ".join(f"pkg/cache_user_{i}.py" for i in range(60))
     conv: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": "Session B: list the modules that import the cache."},
+        {"role": "user", "content": f"Session B: which of these import the cache? {modules}"},
     ]
     headers, reply = chat(stack, conv)
     first = headers["x-smetric-worker"]
