@@ -104,6 +104,11 @@ def targets(sglang_py: str) -> list[Target]:
         Target("worker (nginx, no router)", ()),
         Target("smetric-router (smetric)", ours),
         Target("smetric-router (smetric, --processes 2)", (*ours, "--processes", "2")),
+        # admission on with room to spare (64 connections, a cap of 256): what the queue's
+        # bookkeeping costs a request that never waits
+        Target("smetric-router (smetric) with admission",
+               (*ours, "--max-concurrent-requests", "256", "--queue-size", "512",
+                "--max-queued-requests-per-worker", "64")),
         # every request's spans exported over OTLP/HTTP, to nginx (it answers /v1/traces 200)
         Target("smetric-router (smetric) --enable-trace",
                ("env", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf", *ours,
