@@ -1,20 +1,27 @@
 """The router queue's order, as a pure structure on an injected clock (no tasks, no I/O).
 
-Who goes first when room frees up:
+Who goes first when room frees up: first the tenant, then the request.
+
+The tenants (API keys of --api-key-file; one "anonymous" tenant without it) share admissions by
+weight: the next admission goes to the tenant with the least virtual time, which each admission
+advances by 1 / weight (start-time fair queueing: a tenant that was idle starts at the current
+virtual time, so it cannot bank an idle hour against the others). Tenant before class: a tenant
+with many sessions running has many follow-ups, and were they to go before every tenant's new
+sessions, a swarm of sub-agents would shut the other tenants out (measured: another tenant kept
+0.64 of its goodput alone; benchmarks/results/admission.md). Ties go to the tenant whose next
+request is of the earlier class below, then came first, so among equals follow-ups still go
+first across tenants.
+
+Within a tenant:
 
 1. first turns that have waited the starvation ceiling or longer: without this, a steady stream
    of follow-ups would hold new sessions back for ever;
 2. follow-ups (turn > 0): their session's KV cache sits on one worker and its agent is mid-task,
    so a wait costs a running session, while a new one has invested nothing;
-3. the other first turns.
+3. the other first turns;
 
-Within each class the tenants (API keys of --api-key-file; one "anonymous" tenant without it)
-share admissions by weight: the next admission goes to the tenant with the least virtual time,
-which each admission advances by 1 / weight (start-time fair queueing: a tenant that was idle
-starts at the current virtual time, so it cannot bank an idle hour against the others). Ties go
-to the tenant whose entry in the class came first. Within a tenant, a higher `priority` goes
-first (SGLang's meaning of the field), then the oldest. With one tenant and no priorities this
-is arrival order within each class.
+and within each class a higher `priority` first (SGLang's meaning of the field), then the
+oldest. With one tenant and no priorities this is arrival order within each class.
 
 An entry whose worker has no room is passed over, not waited on, so one busy worker does not
 hold up requests the rest of the cluster could take.
@@ -217,22 +224,26 @@ class AdmissionQueue:
         """The entries the room takes, in order, each with its tenant's virtual time when it is
         admitted (nothing changes here; pick() applies it)."""
         vtime = dict(self._vtime)
-        for cls in self._classes():
-            while cls:
-                # ties: the tenant whose waiting entry in the class came first
-                tenant = min(cls, key=lambda t: (vtime[t], min(e.seq for e in cls[t])))
-                entries = cls[tenant]
-                for i, e in enumerate(entries):
-                    if room.fits(e.worker):
-                        room.take(e.worker)
-                        del entries[i]
-                        yield e, vtime[tenant]
-                        vtime[tenant] += 1.0 / self.weight(tenant)
-                        break
-                else:
-                    entries.clear()  # nothing of this tenant fits this round
-                if not entries:
-                    del cls[tenant]
+        # each tenant's entries in its own order: class, then priority and age
+        mine: dict[str, list[tuple[int, Entry]]] = {}
+        for rank, cls in enumerate(self._classes()):
+            for tenant, entries in cls.items():
+                mine.setdefault(tenant, []).extend((rank, e) for e in entries)
+        while mine:
+            # ties: the tenant whose next entry is of the earlier class, then came first
+            tenant = min(mine, key=lambda t: (vtime[t], mine[t][0][0], mine[t][0][1].seq))
+            entries = mine[tenant]
+            for i, (_, e) in enumerate(entries):
+                if room.fits(e.worker):
+                    room.take(e.worker)
+                    del entries[i]
+                    yield e, vtime[tenant]
+                    vtime[tenant] += 1.0 / self.weight(tenant)
+                    break
+            else:
+                entries.clear()  # nothing of this tenant fits this round
+            if not entries:
+                del mine[tenant]
 
     def _victim(self, now: float, follow_up: bool, tenant: str) -> Entry | None:
         """The first turn a request arriving at a full queue displaces, or None (module's

@@ -125,3 +125,18 @@ def test_one_anonymous_tenant_orders_as_before() -> None:
     assert all(e is not None and e.tenant == "anonymous" for e in entries)
     assert q.order() == entries
     assert q.push(None, False).entry is not None  # fills 4 of 10; refuses none
+
+
+def test_a_tenants_follow_ups_do_not_shut_out_another_tenants_new_sessions() -> None:
+    """The share is the tenant's first: a swarm with many sessions running (so many follow-ups)
+    takes its share, and another tenant's first turns get theirs."""
+    q, clock = make({"swarm": 1, "alpha": 1})
+    swarm = [push(q, "swarm", follow_up=True) for _ in range(6)]
+    assert q.pick(one()) == [swarm[0]]  # alone, it takes every slot
+    assert q.pick(one()) == [swarm[1]]
+    clock.advance(0.1)
+    news = [push(q, "alpha") for _ in range(2)]
+    order = q.order()
+    assert order[:2] == [news[0], swarm[2]]  # alpha starts level with the latest admission
+    taken = Counter(e.tenant for e in order[:4])
+    assert taken == {"alpha": 2, "swarm": 2}
