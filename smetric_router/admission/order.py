@@ -227,22 +227,22 @@ class AdmissionQueue:
         # each tenant's entries in its own order: class, then priority and age
         mine: dict[str, list[tuple[int, Entry]]] = {}
         for rank, cls in enumerate(self._classes()):
-            for tenant, entries in cls.items():
-                mine.setdefault(tenant, []).extend((rank, e) for e in entries)
+            for tenant, in_class in cls.items():
+                mine.setdefault(tenant, []).extend((rank, e) for e in in_class)
         while mine:
             # ties: the tenant whose next entry is of the earlier class, then came first
             tenant = min(mine, key=lambda t: (vtime[t], mine[t][0][0], mine[t][0][1].seq))
-            entries = mine[tenant]
-            for i, (_, e) in enumerate(entries):
+            queued = mine[tenant]
+            for i, (_, e) in enumerate(queued):
                 if room.fits(e.worker):
                     room.take(e.worker)
-                    del entries[i]
+                    del queued[i]
                     yield e, vtime[tenant]
                     vtime[tenant] += 1.0 / self.weight(tenant)
                     break
             else:
-                entries.clear()  # nothing of this tenant fits this round
-            if not entries:
+                queued.clear()  # nothing of this tenant fits this round
+            if not queued:
                 del mine[tenant]
 
     def _victim(self, now: float, follow_up: bool, tenant: str) -> Entry | None:
