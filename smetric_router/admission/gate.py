@@ -21,6 +21,7 @@ from smetric_router.admission.metrics import (
 )
 from smetric_router.admission.order import ANONYMOUS, AdmissionQueue, Entry
 from smetric_router.admission.room import RoundRoom, WorkerRoom
+from smetric_router.admission.usage import SlotUse
 
 # How often a non-empty queue is re-checked against the workers' reports: a worker's room
 # changes with its load polls, which wake nobody.
@@ -53,18 +54,19 @@ class Shed(Exception):
 class Ticket:
     """An admitted request's slot; release() exactly once when it ends (extra calls are no-ops)."""
 
-    __slots__ = ("_gate", "_released", "order", "waited_s")
+    __slots__ = ("_gate", "_released", "order", "tenant", "waited_s")
 
-    def __init__(self, gate: Gate, order: int, waited_s: float) -> None:
+    def __init__(self, gate: Gate, order: int, waited_s: float, tenant: str) -> None:
         self._gate = gate
         self._released = False
         self.order = order  # the nth admission of this router
         self.waited_s = waited_s
+        self.tenant = tenant
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._gate._release()
+            self._gate._release(self.tenant)
 
 
 class Gate:
@@ -78,6 +80,7 @@ class Gate:
     ) -> None:
         self.config = config
         self.running = 0
+        self._use = SlotUse(clock)  # each tenant's slots, for its share in the queue's order
         self._workers = workers
         self._clock = clock
         self._queue = AdmissionQueue(
@@ -128,7 +131,7 @@ class Gate:
             order = await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self._release()  # admitted just as its client left: hand the slot on
+                self._release(tenant)  # admitted just as its client left: hand the slot on
             elif self._queue.remove(entry):
                 self._waiters.pop(entry.seq, None)
                 self.metrics.shed.labels(CANCELLED, label, tenant).inc()
@@ -136,13 +139,14 @@ class Gate:
         waited = self._clock() - started
         self.metrics.admitted.labels(label, "yes", tenant).inc()
         self.metrics.wait.labels(label, tenant).observe(waited)
-        return Ticket(self, order, waited)
+        return Ticket(self, order, waited, tenant)
 
     def _admitted(self, label: str, tenant: str) -> Ticket:
         self.running += 1
+        self._use.start(tenant)
         self.metrics.admitted.labels(label, "no", tenant).inc()
         self.metrics.wait.labels(label, tenant).observe(0.0)
-        return Ticket(self, next(self._admissions), 0.0)
+        return Ticket(self, next(self._admissions), 0.0, tenant)
 
     def _room(self) -> RoundRoom:
         cap = self.config.max_concurrent
@@ -152,8 +156,9 @@ class Gate:
             self.config.max_queued_per_worker,
         )
 
-    def _release(self) -> None:
+    def _release(self, tenant: str) -> None:
         self.running -= 1
+        self._use.end(tenant)
         if self._queue:
             self._wake()
 
@@ -164,10 +169,11 @@ class Gate:
             self._shed(e, TIMEOUT, f"no room within the queue timeout ({waited:g} s)")
         if not self._queue:
             return
-        for e in self._queue.pick(self._room()):
+        for e in self._queue.pick(self._room(), self._use.snapshot()):
             fut = self._waiters.pop(e.seq, None)
             if fut is not None and not fut.done():
                 self.running += 1
+                self._use.start(e.tenant)
                 fut.set_result(next(self._admissions))
 
     def _shed(self, entry: Entry, reason: str, why: str) -> None:

@@ -2,10 +2,17 @@
 
 Who goes first when room frees up: first the tenant, then the request.
 
-The tenants (API keys of --api-key-file; one "anonymous" tenant without it) share admissions by
-weight: the next admission goes to the tenant with the least virtual time, which each admission
-advances by 1 / weight (start-time fair queueing: a tenant that was idle starts at the current
-virtual time, so it cannot bank an idle hour against the others). Tenant before class: a tenant
+The tenants (API keys of --api-key-file; one "anonymous" tenant without it) share the router's
+admission slots by weight: the next admission goes to the tenant using the fewest slots for its
+weight (what the caller passes as `held`: admission/usage.py's running requests, or their recent
+average when higher), so a tenant using less than its share waits only for the next slot to
+free, however many requests another tenant keeps waiting. Counting admissions instead
+(start-time fair queueing alone) gave two backlogged tenants turns in alternation, so a tenant
+asking for a third of the cluster beside a flood of sub-agents waited several slot-frees per
+request and kept 0.76 of its goodput alone (benchmarks/results/admission.md). Among tenants
+using the same share, the one with the least virtual time goes first; each admission advances it
+by 1 / weight (a tenant that was idle starts at the current virtual time, so it cannot bank an
+idle hour against the others). Tenant before class: a tenant
 with many sessions running has many follow-ups, and were they to go before every tenant's new
 sessions, a swarm of sub-agents would shut the other tenants out (measured: another tenant kept
 0.64 of its goodput alone; benchmarks/results/admission.md). Ties go to the tenant whose next
@@ -173,15 +180,16 @@ class AdmissionQueue:
             self.remove(e)
         return out
 
-    def order(self) -> list[Entry]:
+    def order(self, held: Mapping[str, float] | None = None) -> list[Entry]:
         """The waiting entries in admission order, were there room for all (see the module's
-        docstring)."""
-        return [e for e, _ in self._plan(_Fits())]
+        docstring). held: slots in use per tenant (absent: none)."""
+        return [e for e, _ in self._plan(_Fits(), held or {})]
 
-    def pick(self, room: Room) -> list[Entry]:
-        """Admit, in order, every entry that fits the room; they leave the queue."""
+    def pick(self, room: Room, held: Mapping[str, float] | None = None) -> list[Entry]:
+        """Admit, in order, every entry that fits the room; they leave the queue. held: slots in
+        use per tenant (absent: none); the caller adds the admitted ones to it."""
         admitted = []
-        for e, start in self._plan(room):
+        for e, start in self._plan(room, held or {}):
             self.remove(e)
             self._vnow = max(self._vnow, start)
             self._vtime[e.tenant] = start + 1.0 / self.weight(e.tenant)
@@ -220,10 +228,11 @@ class AdmissionQueue:
                 entries.sort(key=_within)
         return [starved, follow, rest]
 
-    def _plan(self, room: Room) -> Iterator[tuple[Entry, float]]:
+    def _plan(self, room: Room, held: Mapping[str, float]) -> Iterator[tuple[Entry, float]]:
         """The entries the room takes, in order, each with its tenant's virtual time when it is
         admitted (nothing changes here; pick() applies it)."""
         vtime = dict(self._vtime)
+        taken = dict.fromkeys(self._waiting, 0)  # what this plan admits, per tenant
         # each tenant's entries in its own order: class, then priority and age
         mine: dict[str, list[tuple[int, Entry]]] = {}
         for rank, cls in enumerate(self._classes()):
@@ -231,7 +240,15 @@ class AdmissionQueue:
                 mine.setdefault(tenant, []).extend((rank, e) for e in in_class)
         while mine:
             # ties: the tenant whose next entry is of the earlier class, then came first
-            tenant = min(mine, key=lambda t: (vtime[t], mine[t][0][0], mine[t][0][1].seq))
+            tenant = min(
+                mine,
+                key=lambda t: (
+                    (held.get(t, 0.0) + taken[t]) / self.weight(t),
+                    vtime[t],
+                    mine[t][0][0],
+                    mine[t][0][1].seq,
+                ),
+            )
             queued = mine[tenant]
             for i, (_, e) in enumerate(queued):
                 if room.fits(e.worker):
@@ -239,6 +256,7 @@ class AdmissionQueue:
                     del queued[i]
                     yield e, vtime[tenant]
                     vtime[tenant] += 1.0 / self.weight(tenant)
+                    taken[tenant] += 1
                     break
             else:
                 queued.clear()  # nothing of this tenant fits this round

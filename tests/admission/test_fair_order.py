@@ -140,3 +140,29 @@ def test_a_tenants_follow_ups_do_not_shut_out_another_tenants_new_sessions() -> 
     assert order[:2] == [news[0], swarm[2]]  # alpha starts level with the latest admission
     taken = Counter(e.tenant for e in order[:4])
     assert taken == {"alpha": 2, "swarm": 2}
+
+
+def test_a_tenant_under_its_share_of_running_slots_goes_first() -> None:
+    """Shares are of the slots in use: a tenant holding few running requests takes the next
+    slots, even when admissions alone would have alternated."""
+    q, clock = make({"swarm": 1, "alpha": 1})
+    for _ in range(6):
+        push(q, "alpha")
+        push(q, "swarm")
+        clock.advance(0.001)
+    picked = [e.tenant for e in q.pick(RoundRoom(4, (), 0), {"swarm": 10, "alpha": 2})]
+    assert picked == ["alpha"] * 4
+    # level shares alternate again, the virtual time breaking the tie
+    picked = [e.tenant for e in q.pick(RoundRoom(4, (), 0), {"swarm": 10, "alpha": 10})]
+    assert sorted(picked) == ["alpha", "alpha", "swarm", "swarm"]
+
+
+def test_running_slots_are_shared_by_weight() -> None:
+    q, clock = make({"small": 1, "big": 3})
+    for _ in range(20):
+        push(q, "small")
+        push(q, "big")
+        clock.advance(0.001)
+    # big holds 3 for its weight 3 (a share of 1), small holds 2: big goes first until level
+    picked = [e.tenant for e in q.pick(RoundRoom(4, (), 0), {"big": 3, "small": 2})]
+    assert picked.count("big") == 3 and picked.count("small") == 1

@@ -187,3 +187,30 @@ async def test_tenants_share_the_slots_by_weight_and_are_counted_apart() -> None
                   queued="yes", tenant="b") == 4  # fmt: skip
     assert gate.running == 0
     await gate.close()
+
+
+async def test_a_freed_slot_goes_to_the_tenant_holding_fewer() -> None:
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    config = AdmissionConfig(3, 20, 30.0, 5.0, 0)
+
+    def metrics(g: Gate) -> AdmissionMetrics:
+        return AdmissionMetrics(registry, ["swarm", "alpha"], g.queued_by_tenant,
+                                lambda: g.running)  # fmt: skip
+
+    gate = Gate(config, lambda: [], metrics, clock)
+    swarm = [await gate.admit(None, False, "swarm") for _ in range(3)]
+    earlier = asyncio.create_task(gate.admit(None, False, "swarm"))
+    await queued(gate, 1)
+    clock.advance(0.1)
+    alpha = asyncio.create_task(gate.admit(None, False, "alpha"))
+    await queued(gate, 2)
+    swarm[0].release()  # swarm still holds 2, alpha none: alpha's later request goes first
+    ticket = await alpha
+    assert ticket.tenant == "alpha" and not earlier.done()
+    ticket.release()
+    (await earlier).release()
+    for t in swarm[1:]:
+        t.release()
+    assert gate.running == 0
+    await gate.close()

@@ -92,9 +92,12 @@ async def test_sessions_stick_with_their_history_cached(sglang_stack: Stack) -> 
     ] = []  # sid, turn, worker, reason, cached, hist
 
     async def session(client: AsyncOpenAI, sid: int) -> None:
+        # a task long enough that no bunching of the 16 sessions makes a move worth it to the
+        # default policy's cost guard: a follow-up brings under 48 new tokens, times at most 16
+        # requests on its holder, against twice the 500-odd tokens a move would prefill
         messages: list[Any] = [
             {"role": "system", "content": SYSTEM * 3},
-            {"role": "user", "content": _task(sid, 60)},
+            {"role": "user", "content": _task(sid, 500)},
         ]
         history = 0
         for turn in range(4):
