@@ -8,6 +8,11 @@ request is let through when the bucket holds what it costs, and takes that much.
 more than a whole minute's allowance (a prompt longer than tokens_per_minute) is let through on
 a full bucket and leaves it in debt: it is never refused for good, and the debt is paid back
 before the next one.
+
+Router replicas (--processes, or separate routers given --replica-sync-peers) charge each other's
+buckets: each publishes what it let through per tenant (spent()), and each charges its peers'
+increments to its own buckets (absorb()), so N replicas hold a tenant to its limits as one router
+would, give or take what passes in the few milliseconds before a peer's report arrives.
 """
 
 from __future__ import annotations
@@ -89,6 +94,9 @@ class RateLimiter:
             else None
         )
         self._buckets: dict[str, list[tuple[str, TokenBucket]]] = {}
+        # what this router took, net of refunds, per tenant since it started: (requests,
+        # tokens), for router replicas to charge each other's buckets (replicas/sync.py)
+        self._spent: dict[str, tuple[float, float]] = {}
         for tenant, lim in limits:
             buckets = []
             if lim.requests_per_minute is not None:
@@ -108,10 +116,21 @@ class RateLimiter:
     def charge(self, tenant: str, tokens: int) -> Refused | None:
         """Let a request of `tokens` prompt tokens through (None), taking from the tenant's
         buckets and the router's, or say why not (taking nothing)."""
-        cost = {REQUESTS: 1.0, TOKENS: float(tokens)}
-        worst: tuple[float, str, TokenBucket] | None = None
+        refused = self.check(tenant, tokens)
+        if refused is not None:
+            return refused
         buckets = self._of(tenant)
         for limit, bucket in buckets:
+            bucket.take(1.0 if limit == REQUESTS else float(tokens))
+        if buckets:
+            self._count(tenant, 1.0, float(tokens))
+        return None
+
+    def check(self, tenant: str, tokens: int) -> Refused | None:
+        """What charge() would answer now, taking nothing."""
+        cost = {REQUESTS: 1.0, TOKENS: float(tokens)}
+        worst: tuple[float, str, TokenBucket] | None = None
+        for limit, bucket in self._of(tenant):
             wait = bucket.wait(cost[limit])
             if wait > 0 and (worst is None or wait > worst[0]):
                 worst = (wait, limit, bucket)
@@ -120,12 +139,34 @@ class RateLimiter:
             per_minute = bucket.rate * 60
             retry = max(1, math.ceil(wait - 1e-9))
             return Refused(limit, per_minute, retry, router_wide=bucket is self._router)
-        for limit, bucket in buckets:
-            bucket.take(cost[limit])
         return None
 
     def refund(self, tenant: str, tokens: int) -> None:
         """Give back a charge whose request left unserved (the admission queue shed it)."""
         cost = {REQUESTS: 1.0, TOKENS: float(tokens)}
-        for limit, bucket in self._of(tenant):
+        buckets = self._of(tenant)
+        for limit, bucket in buckets:
             bucket.give_back(cost[limit])
+        if buckets:
+            self._count(tenant, -1.0, -float(tokens))
+
+    def spent(self) -> dict[str, tuple[float, float]]:
+        """(requests, tokens) this router let through per limited tenant since it started, net
+        of refunds (the router-wide limit counts every tenant)."""
+        return dict(self._spent)
+
+    def absorb(self, tenant: str, requests: float, tokens: float) -> None:
+        """Charge what another router replica let through for `tenant` to the same buckets
+        here, without refusing anything (a bucket may go into debt, paid back before the next
+        request passes); negative amounts are that replica's refunds. Not counted in spent():
+        each replica publishes only its own."""
+        for limit, bucket in self._of(tenant):
+            amount = requests if limit == REQUESTS else tokens
+            if amount >= 0:
+                bucket.take(amount)
+            else:
+                bucket.give_back(-amount)
+
+    def _count(self, tenant: str, requests: float, tokens: float) -> None:
+        r, t = self._spent.get(tenant, (0.0, 0.0))
+        self._spent[tenant] = (r + requests, t + tokens)

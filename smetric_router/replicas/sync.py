@@ -13,13 +13,22 @@ not heard for `expire_s` stops counting; the workers' reports then cover whateve
 flight, as they cover any router that does not sync. The counts enter the load rule beside the
 router's own (router/workers.py).
 
-Wire: ZeroMQ PUB/SUB, one msgpack array per snapshot: [version, replica id, seq, {url: count}].
+The same snapshots carry what each replica's rate limits let through per tenant since it
+started (admission/buckets.py: RateLimiter.spent), and each replica charges a peer's increments
+to its own buckets, so the tenants' limits and --rate-limit-tokens-per-second hold across the
+replicas instead of N times over. A peer first heard at its first snapshot has all it spent
+charged; one first heard later (this replica started after it) is a baseline only, as what it
+spent before is already paid back in its own buckets or long refilled here.
+
+Wire: ZeroMQ PUB/SUB, one msgpack array per snapshot: [version, replica id, seq, {url: count},
+{tenant: [requests, tokens]}].
 Every replica subscribes to every endpoint it is given, its own included (it skips its own id),
 so all replicas can be given the same list. Counts for a URL a replica does not serve are
 ignored: a forged message can skew load between configured workers, never route elsewhere.
 
 Invariants: a worker's `peers` is the sum over fresh peers of their last snapshot's count for its
-URL, 0 when none has it; nothing here touches the router's own counts.
+URL, 0 when none has it; nothing here touches the router's own counts; a peer's spending is
+charged here once per increment (snapshots are cumulative, so a lost one is folded into the next).
 """
 
 from __future__ import annotations
@@ -38,12 +47,13 @@ import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from smetric_router.admission.buckets import RateLimiter
 from smetric_router.core.tasks import cancel_and_wait
 from smetric_router.router.workers import Worker
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2  # 2: the tenants' spending
 
 
 class Snapshot(msgspec.Struct, array_like=True, frozen=True):
@@ -51,6 +61,7 @@ class Snapshot(msgspec.Struct, array_like=True, frozen=True):
     replica: str
     seq: int
     counts: dict[str, int]
+    spent: dict[str, tuple[float, float]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +80,7 @@ class _Peer:
     seq: int
     counts: dict[str, int]
     heard_at: float
+    spent: dict[str, tuple[float, float]]
 
 
 class ReplicaSync:
@@ -79,14 +91,16 @@ class ReplicaSync:
         config: SyncConfig,
         workers: Callable[[], Iterable[Worker]],
         clock: Callable[[], float] = time.monotonic,
+        limits: RateLimiter | None = None,
     ) -> None:
         self.config = config
+        self._limits = limits
         self.replica = os.urandom(8).hex()
         self._workers = workers
         self._clock = clock
         self._peers: dict[str, _Peer] = {}
         self._seq = 0
-        self._sent: dict[str, int] | None = None
+        self._sent: tuple[dict[str, int], dict[str, tuple[float, float]]] | None = None
         self._sent_at = 0.0
         self._decoder = msgspec.msgpack.Decoder(Snapshot)
         self._encoder = msgspec.msgpack.Encoder()
@@ -140,12 +154,13 @@ class ReplicaSync:
     def snapshot(self) -> bytes | None:
         """The next message to send, or None when nothing changed since the last heartbeat."""
         counts = {w.url: w.own for w in self._workers()}
+        spent = self._limits.spent() if self._limits is not None else {}
         now = self._clock()
-        if counts == self._sent and now - self._sent_at < self.config.heartbeat_s:
+        if (counts, spent) == self._sent and now - self._sent_at < self.config.heartbeat_s:
             return None
         self._seq += 1
-        self._sent, self._sent_at = counts, now
-        return self._encoder.encode(Snapshot(VERSION, self.replica, self._seq, counts))
+        self._sent, self._sent_at = (counts, spent), now
+        return self._encoder.encode(Snapshot(VERSION, self.replica, self._seq, counts, spent))
 
     def receive(self, message: bytes) -> None:
         """Take a peer's snapshot (a malformed one is counted and dropped)."""
@@ -164,8 +179,21 @@ class ReplicaSync:
         peer = self._peers.get(snap.replica)
         if peer is not None and snap.seq <= peer.seq:
             return  # older than what we hold
-        self._peers[snap.replica] = _Peer(snap.seq, snap.counts, self._clock())
+        if peer is not None or snap.seq == 1:
+            self._charge(peer.spent if peer is not None else {}, snap.spent)
+        self._peers[snap.replica] = _Peer(snap.seq, snap.counts, self._clock(), snap.spent)
         self._fold()
+
+    def _charge(
+        self, before: dict[str, tuple[float, float]], now: dict[str, tuple[float, float]]
+    ) -> None:
+        """Charge a peer's spending since its previous snapshot to this replica's buckets."""
+        if self._limits is None:
+            return
+        for tenant, (requests, tokens) in now.items():
+            r0, t0 = before.get(tenant, (0.0, 0.0))
+            if requests != r0 or tokens != t0:
+                self._limits.absorb(tenant, requests - r0, tokens - t0)
 
     def expire(self) -> None:
         now = self._clock()

@@ -294,7 +294,9 @@ class RouterState:
         if c.replica_sync_bind is not None:
             workers = self._registry.workers
             self.replica_sync = ReplicaSync(
-                SyncConfig(c.replica_sync_bind, c.replica_sync_peers), workers.values
+                SyncConfig(c.replica_sync_bind, c.replica_sync_peers),
+                workers.values,
+                limits=self.limits,
             )
             await self.replica_sync.start()
             self.metrics.registry.register(SyncCollector(self.replica_sync))

@@ -83,7 +83,8 @@ FLAG_GROUPS = {
     AGENTS: "what the router reads from agents' requests",
     REPLICAS: "replicas publish what they have in flight to each worker to each other (ZeroMQ "
     "PUB/SUB, a few ms old), so that every replica sees the others' requests before the "
-    "workers' next load report does. --processes replicas do it over ipc on their own; "
+    "workers' next load report does, and what they let through of the rate limits, so that "
+    "tenants' limits hold across replicas as for one router. --processes replicas do it over ipc on their own; "
     "replicas on other hosts are given --replica-sync-bind and --replica-sync-peers "
     "(docs/deploy.md#scaling-the-router-tier)",
     DISCOVERY: "workers from Kubernetes pods or a file, added and removed as they come and go, "
@@ -139,7 +140,8 @@ class RouterConfig:
         Flag(
             "--no-replica-sync",
             "--processes replicas do not share their in-flight counts (each then sees the "
-            "others' requests only in the workers' load reports)",
+            "others' requests only in the workers' load reports) nor their rate limits (each "
+            "then lets through a tenant's whole limit)",
             group=REPLICAS,
         ),
     )
@@ -147,10 +149,10 @@ class RouterConfig:
         None,
         Flag(
             "--replica-sync-bind",
-            "ZeroMQ endpoint this replica publishes its in-flight counts on, e.g. "
-            "tcp://10.0.0.5:30100; bind an address only the replicas reach (the messages are "
-            "not authenticated; a forged one can skew load between configured workers, never "
-            "add one)",
+            "ZeroMQ endpoint this replica publishes its in-flight counts and rate-limit "
+            "spending on, e.g. tcp://10.0.0.5:30100; bind an address only the replicas reach "
+            "(the messages are not authenticated; a forged one can skew load between "
+            "configured workers or drain a tenant's limits, never add a worker)",
             metavar="ENDPOINT",
             group=REPLICAS,
         ),
