@@ -84,9 +84,9 @@ FLAG_GROUPS = {
     REPLICAS: "replicas publish what they have in flight to each worker to each other (ZeroMQ "
     "PUB/SUB, a few ms old), so that every replica sees the others' requests before the "
     "workers' next load report does, and what they let through of the rate limits, so that "
-    "tenants' limits hold across replicas as for one router. --processes replicas do it over ipc on their own; "
-    "replicas on other hosts are given --replica-sync-bind and --replica-sync-peers "
-    "(docs/deploy.md#scaling-the-router-tier)",
+    "tenants' limits hold across replicas as for one router. --processes replicas do it over "
+    "ipc on their own; replicas on other hosts are given --replica-sync-bind and "
+    "--replica-sync-peers (docs/deploy.md#scaling-the-router-tier)",
     DISCOVERY: "workers from Kubernetes pods or a file, added and removed as they come and go, "
     "by the same path as POST/DELETE /workers (flag names as sglang_router's); workers given "
     "with --worker-urls, --prefill or --decode stay as given: discovery only removes what it "
