@@ -169,7 +169,10 @@ class Gate:
             self._shed(e, TIMEOUT, f"no room within the queue timeout ({waited:g} s)")
         if not self._queue:
             return
-        for e in self._queue.pick(self._room(), self._use.snapshot()):
+        room = self._room()
+        if room.exhausted:  # the usual case under a flood: ordering 10K waiters would find none
+            return
+        for e in self._queue.pick(room, self._use.snapshot()):
             fut = self._waiters.pop(e.seq, None)
             if fut is not None and not fut.done():
                 self.running += 1

@@ -175,7 +175,16 @@ class AdmissionQueue:
     def expired(self) -> list[Entry]:
         """Remove and return the entries that have waited the timeout or longer."""
         limit = self.clock() - self.timeout_s
-        out = sorted((e for e in self._all() if e.enqueued_at <= limit), key=lambda e: e.seq)
+        out = []
+        # each table is in arrival order on a clock that never goes back: the expired entries
+        # are its head, so a queue of 10K costs this its few oldest, not a scan of all
+        for w in self._waiting.values():
+            for table in (w.follow_ups, w.first_turns):
+                for e in table.values():
+                    if e.enqueued_at > limit:
+                        break
+                    out.append(e)
+        out.sort(key=lambda e: e.seq)
         for e in out:
             self.remove(e)
         return out
@@ -199,18 +208,13 @@ class AdmissionQueue:
     def next_event(self) -> float | None:
         """The earliest time at which an entry times out or a first turn reaches the ceiling
         (None: nothing waits), for the caller's timer."""
-        times = [e.enqueued_at + self.timeout_s for e in self._all()]
-        times += [
-            e.enqueued_at + self.ceiling_s
-            for w in self._waiting.values()
-            for e in w.first_turns.values()
-        ]
+        times = []
+        for w in self._waiting.values():  # the heads: each table is in arrival order
+            for table, wait in ((w.follow_ups, self.timeout_s), (w.first_turns, self.ceiling_s)):
+                head = next(iter(table.values()), None)
+                if head is not None:
+                    times.append(head.enqueued_at + min(wait, self.timeout_s))
         return min(times, default=None)
-
-    def _all(self) -> Iterator[Entry]:
-        for w in self._waiting.values():
-            yield from w.follow_ups.values()
-            yield from w.first_turns.values()
 
     def _classes(self) -> list[dict[str, list[Entry]]]:
         """The three classes, each tenant -> its entries in the class in their order."""

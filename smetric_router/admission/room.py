@@ -41,8 +41,13 @@ class RoundRoom:
         self._queued = {w.url: w.queued for w in workers if w.healthy}
         self._known = {w.url for w in workers}
 
+    @property
+    def exhausted(self) -> bool:
+        """No request fits, whatever its worker: the cluster cap is reached."""
+        return self.free is not None and self.free <= 0
+
     def fits(self, worker: str | None) -> bool:
-        if self.free is not None and self.free <= 0:
+        if self.exhausted:
             return False
         if not self.max_queued:
             return True

@@ -461,7 +461,12 @@ def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
         except RouterError as e:
             status = e.status
             return e.response()
-        except Exception:
+        except Exception as e:
+            if isinstance(e, ConnectionResetError) and _client_gone(request):
+                # a write to a client that had just left, before its cancellation arrived:
+                # nothing went wrong and no one is left to answer
+                log.debug("client left during its answer on %s", label)
+                return web.StreamResponse()
             log.exception("internal error on %s", label)
             status = 500
             return RouterError(
@@ -582,6 +587,11 @@ def _decide(
             return routed
     except NoWorkerAvailable:
         raise no_worker() from None
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 ADMISSION: web.RequestKey[Ticket] = web.RequestKey("smetric_admission")

@@ -41,3 +41,13 @@ def test_unknown_and_unhealthy_holders_fit_so_their_dispatch_fails_over() -> Non
     assert room.fits(A)
     assert room.fits("http://gone:1")
     assert not room.fits(None)  # no healthy worker with room
+
+
+def test_a_room_without_free_slots_is_exhausted_for_every_worker() -> None:
+    full = RoundRoom(0, [WorkerRoom("http://a:1", True, 0.0)], 4)
+    assert full.exhausted and not full.fits(None) and not full.fits("http://a:1")
+    assert not RoundRoom(None, [], 0).exhausted  # no cluster cap: never exhausted as a whole
+    one = RoundRoom(1, [], 0)
+    assert not one.exhausted
+    one.take(None)
+    assert one.exhausted
