@@ -276,19 +276,21 @@ async def write_sse(
     """Write a stream of whole SSE frames, then `last`; an injected fault (`die`) cuts it after
     the first frame."""
     resp = web.StreamResponse(headers={"Content-Type": SSE_TYPE, "Cache-Control": "no-cache"})
-    await resp.prepare(request)
     die = request.get(_DIE_KEY, False)
     try:
+        await resp.prepare(request)
         async for frame in frames:
             await resp.write(frame)
             if die:
                 _drop_connection(request)
                 return resp
-    except ConnectionResetError:  # the client went away mid-stream: the request is released
-        return resp
-    if last:
-        await resp.write(last)
-    await resp.write_eof()
+        if last:
+            await resp.write(last)
+        await resp.write_eof()
+    except ConnectionResetError:
+        # the client went away (mid-stream, or before the headers were out): the caller
+        # releases the request, as SGLang aborts one whose client disconnects
+        pass
     return resp
 
 
