@@ -117,21 +117,15 @@ class RateLimiter:
         """Let a request of `tokens` prompt tokens through (None), taking from the tenant's
         buckets and the router's, or say why not (taking nothing)."""
         refused = self.check(tenant, tokens)
-        if refused is not None:
-            return refused
-        buckets = self._of(tenant)
-        for limit, bucket in buckets:
-            bucket.take(1.0 if limit == REQUESTS else float(tokens))
-        if buckets:
-            self._count(tenant, 1.0, float(tokens))
-        return None
+        if refused is None:
+            self._spend(tenant, 1.0, float(tokens))
+        return refused
 
     def check(self, tenant: str, tokens: int) -> Refused | None:
         """What charge() would answer now, taking nothing."""
-        cost = {REQUESTS: 1.0, TOKENS: float(tokens)}
         worst: tuple[float, str, TokenBucket] | None = None
         for limit, bucket in self._of(tenant):
-            wait = bucket.wait(cost[limit])
+            wait = bucket.wait(_cost(limit, 1.0, float(tokens)))
             if wait > 0 and (worst is None or wait > worst[0]):
                 worst = (wait, limit, bucket)
         if worst is not None:
@@ -143,12 +137,7 @@ class RateLimiter:
 
     def refund(self, tenant: str, tokens: int) -> None:
         """Give back a charge whose request left unserved (the admission queue shed it)."""
-        cost = {REQUESTS: 1.0, TOKENS: float(tokens)}
-        buckets = self._of(tenant)
-        for limit, bucket in buckets:
-            bucket.give_back(cost[limit])
-        if buckets:
-            self._count(tenant, -1.0, -float(tokens))
+        self._spend(tenant, -1.0, -float(tokens))
 
     def spent(self) -> dict[str, tuple[float, float]]:
         """(requests, tokens) this router let through per limited tenant since it started, net
@@ -160,13 +149,27 @@ class RateLimiter:
         here, without refusing anything (a bucket may go into debt, paid back before the next
         request passes); negative amounts are that replica's refunds. Not counted in spent():
         each replica publishes only its own."""
-        for limit, bucket in self._of(tenant):
-            amount = requests if limit == REQUESTS else tokens
-            if amount >= 0:
-                bucket.take(amount)
-            else:
-                bucket.give_back(-amount)
+        _apply(self._of(tenant), requests, tokens)
 
-    def _count(self, tenant: str, requests: float, tokens: float) -> None:
-        r, t = self._spent.get(tenant, (0.0, 0.0))
-        self._spent[tenant] = (r + requests, t + tokens)
+    def _spend(self, tenant: str, requests: float, tokens: float) -> None:
+        """This router's own charge (or, negative, refund), counted in spent()."""
+        buckets = self._of(tenant)
+        if buckets:
+            _apply(buckets, requests, tokens)
+            r, t = self._spent.get(tenant, (0.0, 0.0))
+            self._spent[tenant] = (r + requests, t + tokens)
+
+
+def _cost(limit: str, requests: float, tokens: float) -> float:
+    """What a bucket of kind `limit` (REQUESTS or TOKENS) is charged."""
+    return requests if limit == REQUESTS else tokens
+
+
+def _apply(buckets: list[tuple[str, TokenBucket]], requests: float, tokens: float) -> None:
+    """Take the amounts from the buckets, or give negative ones back (never past full)."""
+    for limit, bucket in buckets:
+        amount = _cost(limit, requests, tokens)
+        if amount >= 0:
+            bucket.take(amount)
+        else:
+            bucket.give_back(-amount)

@@ -208,12 +208,13 @@ class AdmissionQueue:
     def next_event(self) -> float | None:
         """The earliest time at which an entry times out or a first turn reaches the ceiling
         (None: nothing waits), for the caller's timer."""
+        first_turn_wait = min(self.timeout_s, self.ceiling_s)
         times = []
         for w in self._waiting.values():  # the heads: each table is in arrival order
-            for table, wait in ((w.follow_ups, self.timeout_s), (w.first_turns, self.ceiling_s)):
+            for table, wait in ((w.follow_ups, self.timeout_s), (w.first_turns, first_turn_wait)):
                 head = next(iter(table.values()), None)
                 if head is not None:
-                    times.append(head.enqueued_at + min(wait, self.timeout_s))
+                    times.append(head.enqueued_at + wait)
         return min(times, default=None)
 
     def _classes(self) -> list[dict[str, list[Entry]]]:

@@ -5,6 +5,7 @@ answered 500 and logged."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -12,9 +13,25 @@ import pytest
 from aiohttp import web
 
 from smetric_router.router.proxy import Proxy
-from tests.router.conftest import MakeRouter, MakeWorker
+from tests.router.conftest import MakeRouter, MakeWorker, RouterUnderTest
 
 BODY = {"text": "hello", "stream": True}
+
+
+Dispatch = Callable[..., Awaitable[web.StreamResponse]]
+
+
+async def router_whose_dispatch(
+    make_worker: MakeWorker,
+    make_router: MakeRouter,
+    monkeypatch: pytest.MonkeyPatch,
+    fake: Dispatch,
+) -> RouterUnderTest:
+    """A router over one fake worker, its proxy's dispatch replaced by `fake`."""
+    w = await make_worker("a")
+    router = await make_router([w.url])
+    monkeypatch.setattr(Proxy, "dispatch", fake)
+    return router
 
 
 async def test_a_client_gone_mid_answer_ends_quietly(
@@ -23,8 +40,6 @@ async def test_a_client_gone_mid_answer_ends_quietly(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    w = await make_worker("a")
-    router = await make_router([w.url])
     real = Proxy.dispatch
 
     async def leaves(
@@ -34,7 +49,7 @@ async def test_a_client_gone_mid_answer_ends_quietly(
         request.transport.close()  # the client left; its cancellation has not arrived yet
         raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
 
-    monkeypatch.setattr(Proxy, "dispatch", leaves)
+    router = await router_whose_dispatch(make_worker, make_router, monkeypatch, leaves)
     caplog.set_level(logging.DEBUG, logger="smetric_router.router.app")
     async with aiohttp.ClientSession() as s:
         with pytest.raises(aiohttp.ClientError):
@@ -54,15 +69,12 @@ async def test_a_reset_with_the_client_still_there_is_an_internal_error(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    w = await make_worker("a")
-    router = await make_router([w.url])
-
     async def resets(
         self: Proxy, request: web.Request, *args: Any, **kw: Any
     ) -> web.StreamResponse:
         raise ConnectionResetError("not the client's doing")
 
-    monkeypatch.setattr(Proxy, "dispatch", resets)
+    router = await router_whose_dispatch(make_worker, make_router, monkeypatch, resets)
     async with aiohttp.ClientSession() as s, s.post(router.url + "/generate", json=BODY) as resp:
         assert resp.status == 500
         assert (await resp.json())["error"]["code"] == "internal_error"
