@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from multidict import CIMultiDict, CIMultiDictProxy
+
 # Most specific first: a client that sends several sends the same id in each.
 SESSION_HEADERS = (
     "x-claude-code-session-id",  # Claude Code >= 2.1.86
@@ -34,15 +36,12 @@ _LEGACY_SESSION = re.compile(r"_session_([0-9A-Za-z-]+)$")
 def session_hint(headers: Mapping[str, str] | None, body: Mapping[str, Any]) -> str | None:
     """The request's session id, or None when it carries none."""
     if headers:
-        lowered: dict[str, str] | None = None
+        if not isinstance(headers, CIMultiDictProxy | CIMultiDict):
+            # HTTP header names have no case; a plain mapping's keys have (the server's own
+            # header map looks up without case, and copying it cost every request)
+            headers = {k.lower(): v for k, v in headers.items()}
         for name in SESSION_HEADERS:
-            value = headers.get(name)
-            if value is None:
-                # plain dicts are case-sensitive; HTTP header names are not
-                if lowered is None:
-                    lowered = {k.lower(): v for k, v in headers.items()}
-                value = lowered.get(name)
-            hint = _clean(value)
+            hint = _clean(headers.get(name))
             if hint is not None:
                 return hint
     return _from_metadata(body.get("metadata")) or _clean(body.get("prompt_cache_key"))

@@ -118,14 +118,21 @@ class _Failed:
     retry: bool = True  # False: dropped after it was sent (see --retry-on-reset)
 
 
+# Set when the decode's stream was cut after its head: the attempt returned a 200 to the client,
+# so only the request says that the decode failed it.
+_DECODE_CUT: web.RequestKey[bool] = web.RequestKey("smetric_pd_decode_cut", bool)
+
 # Failures that say nothing about the worker named: it was removed, or the router held it back.
 _NOT_THE_WORKERS = ("removed", "circuit open")
 
 
-def _verdicts(outcome: web.StreamResponse | _Failed) -> dict[Side, Outcome]:
+def _verdicts(outcome: web.StreamResponse | _Failed, decode_cut: bool) -> dict[Side, Outcome]:
     """What one attempt's end says about each side. A failed side failed, the other said
     nothing; an answer is the decode's (a prefill's own 4xx is relayed as an answer too, and
-    a 4xx is the client's doing). A decode stream cut after its head is not seen here."""
+    a 4xx is the client's doing). decode_cut: the decode's stream was lost or stalled after
+    its head went out, which is the decode's failure though the client got a 200."""
+    if decode_cut:
+        return {Side.PREFILL: Outcome.SUCCESS, Side.DECODE: Outcome.FAILURE}
     if isinstance(outcome, _Failed):
         failed = Outcome.IGNORED if outcome.why in _NOT_THE_WORKERS else Outcome.FAILURE
         other = Side.DECODE if outcome.side is Side.PREFILL else Side.PREFILL
@@ -334,7 +341,7 @@ class PdProxy:
                 request, path, payload, headers, pair, prefill, decode, started, label, stream,
                 tries,
             )  # fmt: skip
-            verdicts = _verdicts(outcome)
+            verdicts = _verdicts(outcome, request.get(_DECODE_CUT, False))
             return outcome
         except RouterError as e:
             verdicts = _error_verdicts(e)
@@ -622,4 +629,6 @@ class PdProxy:
         dialect = stream_dialect(request.path)  # Anthropic's error event on /v1/messages
         cut = await copy_stream(out, resp, decode.url, self.metrics, tail, **dialect)
         note_cut(request, self.registry, decode, cut)
+        if cut is not None and not isinstance(cut, asyncio.CancelledError):
+            request[_DECODE_CUT] = True  # the router's shutdown is no failure
         return out

@@ -177,3 +177,22 @@ async def test_a_failing_prefill_opens_its_circuit_and_gets_no_more_requests(
     assert len(failing.bodies) == 2
     assert pd.worker(failing.url).healthy  # the circuit, not the health check, keeps it out
     assert all_released(pd)
+
+
+async def test_decode_streams_cut_mid_way_open_the_decodes_circuit(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    # The client gets a 200 and an error event: only the router sees that the decode failed.
+    pd = await start_pd(
+        make_worker, make_router, prefills=1, decodes=1, cb_failure_threshold=2,
+        cb_timeout_duration_secs=600,
+    )  # fmt: skip
+    decode, prefill = pd.decodes[0], pd.prefills[0]
+    decode.die_mid_stream_next = 2
+    for _ in range(2):
+        status, _, raw = await post(pd, {"text": "hello", "stream": True}, "/generate")
+        assert status == 200 and b"worker_lost" in raw
+    async with aiohttp.ClientSession() as s, s.get(pd.url + "/workers") as r:
+        circuits = {w["url"]: w["circuit"]["state"] for w in (await r.json())["workers"]}
+    assert circuits == {decode.url: "open", prefill.url: "closed"}
+    await eventually(lambda: all_released(pd), "every pair released")
