@@ -394,6 +394,9 @@ class ReusingTemplate:
         self._plans = plans
         # the compiled module's LoopContext: this template's loops are made by the subclass
         template.root_render_func.__globals__["LoopContext"] = _ReusingLoop
+        # jinja keeps a template's globals as a ChainMap and walks it twice in every
+        # new_context; flattened once here, a render copies a plain dict
+        self._globals = dict(template.globals)
 
     def render(
         self, variables: dict[str, Any], base: Loops | None, source: Text | None
@@ -413,7 +416,13 @@ class ReusingTemplate:
     def _run(self, variables: dict[str, Any], base: Loops | None, source: Text | None) -> _Recorder:
         recorder = _Recorder(base, source, self._plans)
         template = self._template
-        context = template.new_context({**variables, _RECORDER: recorder})
+        context = template.environment.context_class(
+            template.environment,
+            {**self._globals, **variables, _RECORDER: recorder},
+            template.name,
+            template.blocks,
+            globals=self._globals,
+        )
         out = recorder.out
         try:
             for chunk in template.root_render_func(context):

@@ -31,12 +31,13 @@ SESSION_HEADERS = (
 MAX_HINT_CHARS = 256
 # Claude Code before its JSON metadata: "user_<hash>_account_<uuid>_session_<uuid>".
 _LEGACY_SESSION = re.compile(r"_session_([0-9A-Za-z-]+)$")
+_CASELESS = (CIMultiDictProxy, CIMultiDict)
 
 
 def session_hint(headers: Mapping[str, str] | None, body: Mapping[str, Any]) -> str | None:
     """The request's session id, or None when it carries none."""
     if headers:
-        if not isinstance(headers, CIMultiDictProxy | CIMultiDict):
+        if not isinstance(headers, _CASELESS):
             # HTTP header names have no case; a plain mapping's keys have (the server's own
             # header map looks up without case, and copying it cost every request)
             headers = {k.lower(): v for k, v in headers.items()}
@@ -51,7 +52,7 @@ def _from_metadata(metadata: object) -> str | None:
     """Anthropic metadata.user_id as Claude Code fills it: a JSON object with "session_id", or
     the legacy string ending in "_session_<uuid>". A plain user id names a user, not a session:
     not a hint (a user's sessions belong spread like anyone's)."""
-    if not isinstance(metadata, Mapping):
+    if not isinstance(metadata, dict):  # parsed JSON: an object is a dict
         return None
     user_id = metadata.get("user_id")
     if not isinstance(user_id, str) or len(user_id) > 4 * MAX_HINT_CHARS:

@@ -21,7 +21,6 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 
 from smetric_router.router.drain import SHUTDOWN_CODE
 
@@ -77,23 +76,18 @@ def anthropic_error(status: int, body: bytes) -> bytes | None:
     return error_body(status, err["message"])
 
 
-def error_middleware() -> Middleware:
-    """Outermost: the answers of every inner layer (auth, body checks, limits, the catch-all's
-    404/405, routing and proxy errors) on the Messages paths leave in Anthropic's shape."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        resp = await handler(request)
-        if not is_messages(request.path) or resp.status < 400 or resp.prepared:
-            return resp
-        if isinstance(resp, web.Response) and isinstance(resp.body, bytes):
-            fixed = anthropic_error(resp.status, resp.body)
-            if fixed is not None:
-                resp.body = fixed
-                resp.content_type = "application/json"
+def shape_error(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
+    """An error answer on a Messages path in Anthropic's shape, whichever layer made it (auth,
+    body checks, limits, the catch-all's 404/405, routing and proxy errors); run on every
+    answer by the app's one middleware."""
+    if resp.status < 400 or resp.prepared or not is_messages(request.path):
         return resp
-
-    return middleware
+    if isinstance(resp, web.Response) and isinstance(resp.body, bytes):
+        fixed = anthropic_error(resp.status, resp.body)
+        if fixed is not None:
+            resp.body = fixed
+            resp.content_type = "application/json"
+    return resp
 
 
 def sse_error_event(message: str, code: str = "worker_lost") -> bytes:

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from smetric_router.admission.buckets import RateLimiter
@@ -37,7 +38,8 @@ from smetric_router.policies.turn import resolve_turn
 from smetric_router.replicas.sync import ReplicaSync, SyncCollector, SyncConfig
 from smetric_router.router import api_messages, api_responses
 from smetric_router.router.auth import (
-    auth_middleware,
+    AuthPolicy,
+    auth_refusal,
     tenant_header,
     tenant_of,
     upstream_auth_header,
@@ -927,12 +929,8 @@ def _dumps(obj: Any) -> str:
 def build_app(state: RouterState) -> web.Application:
     app = web.Application(
         client_max_size=state.config.max_body_bytes,
-        # outermost first: Anthropic's error shape covers auth's answers too
-        middlewares=[
-            *_tracing_middleware(),  # outermost: its span covers the refusals too
-            api_messages.error_middleware(),
-            auth_middleware(state.auth),
-        ],
+        # outermost first: the span covers the refusals too
+        middlewares=[*_tracing_middleware(), front_door(state.auth)],
     )
     app[STATE] = state
 
@@ -978,6 +976,19 @@ def build_app(state: RouterState) -> web.Application:
     hide_server(app)
     quiet_client_faults()
     return app
+
+
+def front_door(policy: AuthPolicy) -> Middleware:
+    """Auth's refusals, then any error answer on a Messages path in Anthropic's shape. One
+    middleware for both: each layer of aiohttp's chain costs every request."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        refused = auth_refusal(policy, request)
+        resp = refused if refused is not None else await handler(request)
+        return api_messages.shape_error(request, resp)
+
+    return middleware
 
 
 def _tracing_middleware() -> list[Any]:

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 
 from smetric_router.admission.tenants import Tenant, TenantTable
 from smetric_router.router.api_messages import API_KEY_HEADER, is_messages
@@ -230,24 +229,22 @@ def upstream_auth_header(request: web.Request) -> dict[str, str]:
     return {name: value.strip()} if value else {}
 
 
-def auth_middleware(policy: AuthPolicy) -> Middleware:
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        access = access_of(request.method, request.path)
-        try:
-            if access is Access.ADMIN:
-                check_admin(policy, request)
-            elif access is Access.INFERENCE and policy.tenants is not None:
-                request[_TENANT] = check_tenant(policy.tenants, request)
-            elif access is Access.INFERENCE:
-                check_inference(policy, request)
-            check_json_body(request)
-        except RouterError as e:
-            # debug only: a flood of bad keys must not flood the log
-            log.debug("%s %s from %s refused: %d %s", request.method, request.path,
-                      request.remote, e.status, e.message)  # fmt: skip
-            return e.response()
-        request[_UPSTREAM] = _upstream_line(policy, request)
-        return await handler(request)
-
-    return middleware
+def auth_refusal(policy: AuthPolicy, request: web.Request) -> web.Response | None:
+    """The answer to a request that may not pass (its key, its body's type), else None, with
+    its tenant and the worker's Authorization line kept on the request for later."""
+    access = access_of(request.method, request.path)
+    try:
+        if access is Access.ADMIN:
+            check_admin(policy, request)
+        elif access is Access.INFERENCE and policy.tenants is not None:
+            request[_TENANT] = check_tenant(policy.tenants, request)
+        elif access is Access.INFERENCE:
+            check_inference(policy, request)
+        check_json_body(request)
+    except RouterError as e:
+        # debug only: a flood of bad keys must not flood the log
+        log.debug("%s %s from %s refused: %d %s", request.method, request.path,
+                  request.remote, e.status, e.message)  # fmt: skip
+        return e.response()
+    request[_UPSTREAM] = _upstream_line(policy, request)
+    return None

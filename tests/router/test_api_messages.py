@@ -41,15 +41,11 @@ def test_anthropic_and_foreign_bodies_pass_unchanged() -> None:
     assert api_messages.anthropic_error(400, b'{"error": "Unauthorized"}') is None
 
 
-async def test_middleware_rewrites_errors_on_messages_paths_only() -> None:
-    middleware = api_messages.error_middleware()
-
-    async def refuse(request: web.Request) -> web.StreamResponse:
-        return RouterError(503, "no healthy worker is available", code="x").response()
-
+def test_errors_are_reshaped_on_messages_paths_only() -> None:
     for path, anthropic in [("/v1/messages", True), ("/v1/messages/count_tokens", True),
                             ("/v1/messagesX", False), ("/v1/chat/completions", False)]:  # fmt: skip
-        resp = await middleware(make_mocked_request("POST", path), refuse)
+        refused = RouterError(503, "no healthy worker is available", code="x").response()
+        resp = api_messages.shape_error(make_mocked_request("POST", path), refused)
         assert isinstance(resp, web.Response) and isinstance(resp.body, bytes)
         body = json.loads(resp.body)
         if anthropic:
