@@ -754,13 +754,13 @@ def _warming(state: RouterState, workers: list[Worker]) -> int:
     return sum(f is not None and f.events_enabled is not False and not f.warmed for f in feeds)
 
 
-async def handle_readiness(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+def readiness(state: RouterState) -> tuple[bool, dict[str, Any]]:
+    """Whether this router can route now, and the body of its /readiness answer."""
     workers = state.registry.healthy()
     body: dict[str, Any] = {"status": "ready", "healthy_workers": len(workers)}
     if state.drain.draining:  # a balancer takes this replica out while it drains
         body["status"] = "draining"
-        return web.json_response(body, status=503, dumps=_dumps)
+        return False, body
     # Under PD a request needs both sides.
     needed = [Role.PREFILL, Role.DECODE] if state.pd is not None else [Role.WORKER]
     ready = all(any(w.role is r for w in workers) for r in needed)
@@ -770,7 +770,11 @@ async def handle_readiness(request: web.Request) -> web.Response:
     elif warming:
         body["status"] = "warming KV views"
         body["warming_workers"] = warming
-    ok = ready and not warming
+    return ready and not warming, body
+
+
+async def handle_readiness(request: web.Request) -> web.Response:
+    ok, body = readiness(request.app[STATE])
     return web.json_response(body, status=200 if ok else 503, dumps=_dumps)
 
 

@@ -4,6 +4,7 @@ that `--processes N` starts on the same port."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -87,6 +88,29 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+# How often a replica joining a shared port says it is still waiting to be ready.
+WAIT_LOG_S = 10.0
+
+
+async def _until_ready(state: RouterState, stop: asyncio.Event) -> None:
+    """A replica joining a port others already serve takes no connection before it can route:
+    the kernel would give it a share of them at once, and it would answer them 503 while
+    another replica's /readiness says 200. Returns early on a stop signal."""
+    from smetric_router.router.app import readiness
+
+    loop = asyncio.get_running_loop()
+    said = loop.time()
+    while not stop.is_set():
+        ok, body = readiness(state)
+        if ok:
+            return
+        if loop.time() - said >= WAIT_LOG_S:
+            log.info("replica not ready yet (%s): not taking connections", body["status"])
+            said = loop.time()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.05)
+
+
 async def serve(
     config: RouterConfig, port_file: str | None = None, argv: Sequence[str] = ()
 ) -> None:
@@ -131,6 +155,8 @@ async def serve(
         loop.add_signal_handler(sig, on_signal)
     try:
         await runners[0].setup()
+        if config.reuse_port and config.processes == 1:
+            await _until_ready(state, stop)
         await web.TCPSite(
             runners[0], config.host, config.port, reuse_port=config.reuse_port or None
         ).start()
