@@ -4,11 +4,12 @@ new ports, a port that accepts and closes, a foreign KV-event host."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -221,7 +222,11 @@ async def test_worker_back_on_new_ports_is_rediscovered(make_worker: Callable[..
         await feed.stop()
 
 
-def _accept_and_close_server() -> tuple[socket.socket, list[int], threading.Event]:
+@contextlib.contextmanager
+def _accept_and_close_server() -> Iterator[tuple[int, list[int]]]:
+    """A port that accepts each connection and closes it at once: (its port, accepted count).
+    The thread ends before its socket closes: closed under a waiting accept(), the socket
+    would raise in the thread after the test."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(128)
@@ -238,17 +243,30 @@ def _accept_and_close_server() -> tuple[socket.socket, list[int], threading.Even
             accepted[0] += 1
             conn.close()
 
-    threading.Thread(target=serve, daemon=True).start()
-    return srv, accepted, stop
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield srv.getsockname()[1], accepted
+    finally:
+        stop.set()
+        thread.join()
+        srv.close()
 
 
 async def test_port_that_accepts_and_closes_is_retried_with_backoff(
     make_worker: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    srv, accepted, stop = _accept_and_close_server()
+    with _accept_and_close_server() as (port, accepted):
+        await _watch_backoff(make_worker, caplog, port, accepted)
+
+
+async def _watch_backoff(
+    make_worker: Callable[..., Any], caplog: pytest.LogCaptureFixture, port: int,
+    accepted: list[int],
+) -> None:  # fmt: skip
     w: Worker = await make_worker(replay=False)
     assert w.kv is not None
-    w.kv["endpoint_port_base"] = srv.getsockname()[1]
+    w.kv["endpoint_port_base"] = port
     feed = KvEventFeed(w.url, KvIndex(), config=FeedConfig(retry_min_s=0.1, retry_max_s=1.0))
     caplog.set_level(logging.DEBUG, logger="smetric_router.cluster.subscriber")
     cpu0 = time.process_time()
@@ -267,8 +285,6 @@ async def test_port_that_accepts_and_closes_is_retried_with_backoff(
         assert not feed.connected
     finally:
         await feed.stop()
-        stop.set()
-        srv.close()
 
 
 async def test_foreign_kv_event_host_is_refused_unless_trusted(
