@@ -34,7 +34,11 @@ from tests.sglang_env import require_sglang_python, run_sglang_script
 pytestmark = pytest.mark.sglang
 
 MODEL = TINY_MODEL_NAME
-ROUTER_ARGS = ("--load-poll-interval-secs", "0.2", "--log-level", "warning")
+# SGLang's /health runs a one-token generate behind the queue and gives up after its own 20 s;
+# a CPU worker with a full batch takes longer than the router's default 5 s to answer it, and
+# one missed check excludes the worker (its follow-ups then fall back as evicted)
+ROUTER_ARGS = ("--load-poll-interval-secs", "0.2", "--log-level", "warning",
+               "--health-check-timeout-secs", "30")  # fmt: skip
 # small enough that a few long prompts push pages from the device tier to the host tier
 MAX_TOTAL_TOKENS = 6144
 
