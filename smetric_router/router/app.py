@@ -219,6 +219,8 @@ class RouterState:
             page_size=c.page_size,
             health_interval=c.health_check_interval_secs,
             health_timeout=c.health_check_timeout_secs,
+            health_failure_threshold=c.health_failure_threshold,
+            health_success_threshold=c.health_success_threshold,
             load_interval=c.load_poll_interval_secs,
             on_added=self._worker_added,
             on_removed=self._worker_removed,

@@ -271,6 +271,23 @@ class RouterConfig:
         5.0,
         Flag("--health-check-timeout-secs", "timeout of one health check or info request"),
     )
+    health_failure_threshold: int = option(
+        3,
+        Flag(
+            "--health-failure-threshold",
+            "consecutive failed health checks (error, non-200 or timeout) before a worker is "
+            "excluded: SGLang's /health is a one-token generate behind the queue, so a busy "
+            "worker can miss one. A request the worker refuses or drops excludes it at once",
+        ),
+    )
+    health_success_threshold: int = option(
+        2,
+        Flag(
+            "--health-success-threshold",
+            "consecutive passed health checks before an excluded worker is taken back (one "
+            "for a worker that never answered yet)",
+        ),
+    )
     max_body_bytes: int = option(
         32 * 1024 * 1024,
         Flag("--max-body-bytes", "largest request body accepted (larger ones get HTTP 413)"),
@@ -943,6 +960,9 @@ class RouterConfig:
         self.breaker()  # so that a bad circuit flag stops the start, not the first request
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        for name in ("health_failure_threshold", "health_success_threshold"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.context_length is not None and self.context_length < 1:
             raise ValueError(f"context_length must be >= 1, got {self.context_length}")
         if self.max_body_bytes < 1024:

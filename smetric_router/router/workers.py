@@ -106,6 +106,9 @@ class Worker:
     bootstrap_port: int | None = None
     bootstrap_port_fixed: bool = False  # given on the command line: never re-discovered
     healthy: bool = False
+    # Consecutive health checks missed while in, and passed while out (the thresholds').
+    health_misses: int = 0
+    health_passes: int = 0
     inflight: int = 0
     tokens: int = 0  # PD: the router's own token count (see the load rule above)
     reported_load: float | None = None
@@ -241,6 +244,8 @@ class WorkerRegistry:
     page_size: int | None = None  # fixed by --page-size, else by the first worker that reports one
     health_interval: float = 5.0
     health_timeout: float = 5.0
+    health_failure_threshold: int = 1
+    health_success_threshold: int = 1
     load_interval: float = 1.0
     on_added: Hook | None = None
     on_removed: Hook | None = None
@@ -343,6 +348,7 @@ class WorkerRegistry:
 
     def mark_failed(self, w: Worker, why: str) -> None:
         """A dispatch could not reach the worker: exclude it until a health check passes."""
+        w.health_passes = 0
         if w.healthy:
             w.healthy = False
             log.warning("worker %s marked unhealthy: %s", w.url, why)
@@ -460,14 +466,40 @@ class WorkerRegistry:
                 log.warning("health check of %s skipped: %s", w.url, e)
                 return
             ok = False
-        if ok and not w.healthy:
-            # It may have restarted with other settings: read them again before admitting it.
-            await self._fetch_info(w)
-            if self._admit(w):
-                log.info("worker %s is healthy", w.url)
-        elif not ok and w.healthy:
-            w.healthy = False
-            log.warning("worker %s failed its health check; excluded", w.url)
+        if ok:
+            w.health_misses = 0
+            if not w.healthy:
+                await self._passed_while_out(w)
+            return
+        w.health_passes = 0
+        if not w.healthy:
+            return
+        w.health_misses += 1
+        if w.health_misses < self.health_failure_threshold:
+            log.info(
+                "worker %s missed a health check (%d of %d before it is excluded)",
+                w.url, w.health_misses, self.health_failure_threshold,
+            )  # fmt: skip
+            return
+        w.healthy = False
+        w.health_misses = 0
+        log.warning(
+            "worker %s failed %d health check(s) in a row; excluded",
+            w.url,
+            self.health_failure_threshold,
+        )
+
+    async def _passed_while_out(self, w: Worker) -> None:
+        # A worker that never answered comes in on its first pass; one that was in and went
+        # out must pass the threshold in a row, so that a flapping worker stays out.
+        w.health_passes += 1
+        if w.probed and w.health_passes < self.health_success_threshold:
+            return
+        # It may have restarted with other settings: read them again before admitting it.
+        await self._fetch_info(w)
+        if self._admit(w):
+            w.health_passes = 0
+            log.info("worker %s is healthy", w.url)
 
     async def _poll_one(self, w: Worker) -> None:
         try:
