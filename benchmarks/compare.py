@@ -135,6 +135,9 @@ class Setup:
     dataset: str = "agentic-trace"  # or "mooncake": bench_serving's own Mooncake-trace replay
     rounds: int = 3  # mooncake: --mooncake-num-rounds
     tool_sessions: int = 8  # --agent: loadgen sessions (4 turns) per router
+    # Arrival draws per (router, rate): bench_serving --seed 1..draws, each router meeting the
+    # same draws, run draw by draw so that the machine's drift spreads over every router.
+    draws: int = 1
 
 
 QUICK = replace(Setup(), workers=3, sessions=100, conversations=16, max_turns=5, rates=(1.0, 3.0))
@@ -154,6 +157,7 @@ class Run:
     command: str = ""
     turns: tuple[int, ...] = ()  # the conversations' lengths, in the dataset's (= replay) order
     tool_calls: dict[str, Any] = field(default_factory=dict)  # --agent: the loadgen check
+    draw: int = 1  # bench_serving's --seed
 
     @property
     def cached_share(self) -> float | None:
@@ -176,7 +180,7 @@ class Run:
                 "worker_prompt_tokens": self.prompt_tokens,
                 "worker_cached_tokens": self.cached_tokens, "decisions": self.decisions,
                 "command": self.command, "turns": list(self.turns),
-                "tool_calls": self.tool_calls}  # fmt: skip
+                "tool_calls": self.tool_calls, "draw": self.draw}  # fmt: skip
 
     @property
     def history_hit(self) -> float | None:
@@ -378,7 +382,8 @@ def bench_env() -> dict[str, str]:
 
 
 def bench_argv(sglang_py: str, url: str, model: str, work: Workload, setup: Setup, rate: float,
-               out: Path, tokenizer: str = str(DEFAULT_TOKENIZER)) -> list[str]:  # fmt: skip
+               out: Path, tokenizer: str = str(DEFAULT_TOKENIZER),
+               draw: int = 1) -> list[str]:  # fmt: skip
     n = str(work.meta["conversations"])
     if setup.dataset == "mooncake":
         # bench_serving's Mooncake replay runs on the native backend only (text to /generate) and
@@ -397,7 +402,7 @@ def bench_argv(sglang_py: str, url: str, model: str, work: Workload, setup: Setu
                 "--sharegpt-output-len", str(setup.output_len),
                 "--request-rate", f"{rate:g}"]  # fmt: skip
     return [sglang_py, "-m", "sglang.benchmark.serving", "--base-url", url, "--model", model,
-            "--tokenizer", tokenizer, *data, "--seed", "1", "--warmup-requests", "0",
+            "--tokenizer", tokenizer, *data, "--seed", str(draw), "--warmup-requests", "0",
             "--ready-check-timeout-sec", "0", "--disable-tqdm",
             "--goodput", f"ttft:{setup.slo_ttft_ms:g}", f"tpot:{setup.slo_tpot_ms:g}",
             "--cache-report", "--output-details", "--output-file", str(out)]  # fmt: skip
@@ -495,52 +500,50 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
         stack.start_workers()
         workers = stack.worker_urls
         log(f"workers: {' '.join(workers)}")
-        for name in setup.routers:
-            for rate in setup.rates:
-                slug = slug_of(name, rate)
-                router_log = work / f"{slug}.router.log"
-                with router_on_free_port(name, spec, workers, sglang_py, stack, model,
-                                         router_log) as url:  # fmt: skip
+        for draw, name, rate in plan(setup):
+            slug = slug_of(name, rate, draw)
+            router_log = work / f"{slug}.router.log"
+            with router_on_free_port(name, spec, workers, sglang_py, stack, model,
+                                     router_log) as url:  # fmt: skip
+                flush(workers, l3)
+                p0, c0 = token_counters(workers)
+                d0 = decisions(url)
+                out = work / f"{slug}.jsonl"
+                out.unlink(missing_ok=True)
+                cmd = bench_argv(sglang_py, url, model, load, setup, rate, out, tok, draw)
+                t0 = time.monotonic()
+                with (work / f"{slug}.bench.log").open("wb") as blog:
+                    rc = subprocess.run(cmd, env=bench_env(), stdout=blog,
+                                        stderr=subprocess.STDOUT).returncode  # fmt: skip
+                if rc != 0 or not out.exists():
+                    raise RuntimeError(f"bench_serving failed ({rc}); see {work}/{slug}.bench.log")
+                p1, c1 = token_counters(workers)
+                d1 = decisions(url)
+                calls = {}
+                if setup.agent and rate == setup.rates[0] and draw == 1:
                     flush(workers, l3)
-                    p0, c0 = token_counters(workers)
-                    d0 = decisions(url)
-                    out = work / f"{slug}.jsonl"
-                    out.unlink(missing_ok=True)
-                    cmd = bench_argv(sglang_py, url, model, load, setup, rate, out, tok)
-                    t0 = time.monotonic()
-                    with (work / f"{slug}.bench.log").open("wb") as blog:
-                        rc = subprocess.run(cmd, env=bench_env(), stdout=blog,
-                                            stderr=subprocess.STDOUT).returncode  # fmt: skip
-                    if rc != 0 or not out.exists():
-                        raise RuntimeError(
-                            f"bench_serving failed ({rc}); see {work}/{slug}.bench.log"
-                        )
-                    p1, c1 = token_counters(workers)
-                    d1 = decisions(url)
-                    calls = {}
-                    if setup.agent and rate == setup.rates[0]:
-                        flush(workers, l3)
-                        calls = tool_call_check(url, model, tok, setup.tool_sessions)
-                result = json.loads(out.read_text().splitlines()[-1])
-                run = Run(
-                    name,
-                    rate,
-                    result,
-                    p1 - p0,
-                    c1 - c0,
-                    {k: v - d0.get(k, 0.0) for k, v in d1.items()},
-                    shlex.join(cmd),
-                    load.turns,
-                    calls,
-                )
-                runs.append(run)
-                (work / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
-                log(f"{name:28s} rate {rate:g}: {result['completed']} req in "
-                    f"{result['duration']:.1f} s (wall {time.monotonic() - t0:.0f} s), "
-                    f"goodput {result.get('request_goodput', 0):.2f} req/s, TTFT p90 "
-                    f"{result['p90_ttft_ms']:.0f} ms, cached {_pct(run.cached_share)}, history hit "
-                    f"{_pct(run.history_hit)}, "
-                    f"sticky {_pct(run.stickiness)}")  # fmt: skip
+                    calls = tool_call_check(url, model, tok, setup.tool_sessions)
+            result = json.loads(out.read_text().splitlines()[-1])
+            run = Run(
+                name,
+                rate,
+                result,
+                p1 - p0,
+                c1 - c0,
+                {k: v - d0.get(k, 0.0) for k, v in d1.items()},
+                shlex.join(cmd),
+                load.turns,
+                calls,
+                draw,
+            )
+            runs.append(run)
+            (work / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
+            log(f"{name:28s} rate {rate:g} draw {draw}: {result['completed']} req in "
+                f"{result['duration']:.1f} s (wall {time.monotonic() - t0:.0f} s), "
+                f"goodput {result.get('request_goodput', 0):.2f} req/s, TTFT p90 "
+                f"{result['p90_ttft_ms']:.0f} ms, cached {_pct(run.cached_share)}, history hit "
+                f"{_pct(run.history_hit)}, "
+                f"sticky {_pct(run.stickiness)}")  # fmt: skip
     finally:
         stack.stop()
     return runs
@@ -558,21 +561,28 @@ def tool_call_check(url: str, model: str, tokenizer: str, sessions: int) -> dict
             "prompt_covered": report.prompt_covered_share(), "sticky": sticky}  # fmt: skip
 
 
-def slug_of(name: str, rate: float) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", f"{name}_{rate:g}".lower())
+def plan(setup: Setup) -> list[tuple[int, str, float]]:
+    """(draw, router, rate) in the order they run."""
+    return [(d, name, rate) for d in range(1, setup.draws + 1) for name in setup.routers
+            for rate in setup.rates]  # fmt: skip
+
+
+def slug_of(name: str, rate: float, draw: int = 1) -> str:
+    tail = f"_d{draw}" if draw > 1 else ""  # draw 1 keeps the names of single-draw work dirs
+    return re.sub(r"[^a-z0-9]+", "_", f"{name}_{rate:g}{tail}".lower())
 
 
 def load_runs(setup: Setup, work: Path) -> list[Run]:
     """The runs a previous invocation left in `work` (bench_serving JSONL + sidecar)."""
     runs = []
-    for name in setup.routers:
-        for rate in setup.rates:
-            slug = slug_of(name, rate)
-            side = json.loads((work / f"{slug}.run.json").read_text())
-            result = json.loads((work / f"{slug}.jsonl").read_text().splitlines()[-1])
-            runs.append(Run(name, rate, result, side["worker_prompt_tokens"],
-                            side["worker_cached_tokens"], side["decisions"], side["command"],
-                            tuple(side["turns"]), side.get("tool_calls") or {}))  # fmt: skip
+    for draw, name, rate in plan(setup):
+        slug = slug_of(name, rate, draw)
+        side = json.loads((work / f"{slug}.run.json").read_text())
+        result = json.loads((work / f"{slug}.jsonl").read_text().splitlines()[-1])
+        runs.append(Run(name, rate, result, side["worker_prompt_tokens"],
+                        side["worker_cached_tokens"], side["decisions"], side["command"],
+                        tuple(side["turns"]), side.get("tool_calls") or {},
+                        side.get("draw", 1)))  # fmt: skip
     return runs
 
 
@@ -583,22 +593,93 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
+def _values(runs: list[Run], name: str, rate: float, key: str) -> list[float]:
+    """`key` of bench_serving's result (or a Run property) over the draws of one point."""
+    out = []
+    for r in runs:
+        if r.router == name and r.rate == rate:
+            v = getattr(r, key) if hasattr(Run, key) else r.result.get(key, 0)
+            if v is not None:
+                out.append(float(v))
+    return out
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _spread(xs: list[float], fmt: str = ".2f", scale: float = 1.0, unit: str = "") -> str:
+    """mean [min-max], or the one value of a single draw."""
+    if not xs:
+        return "n/a"
+    m, lo, hi = _mean(xs) * scale, min(xs) * scale, max(xs) * scale
+    return f"{m:{fmt}}{unit}" if len(xs) == 1 else f"{m:{fmt}}{unit} [{lo:{fmt}}–{hi:{fmt}}]"
+
+
 def knee(runs: list[Run], setup: Setup, threshold: float = 0.9) -> float:
     """The highest swept rate at which the best router still keeps >= threshold of its requests
-    in SLO: the most load the cluster can serve, where routers differ most (the lowest rate
-    when none does)."""
-    ok = [r.rate for r in runs if r.result.get("slo_attainment", 0) >= threshold]
+    in SLO (on the mean of its draws): the most load the cluster can serve, where routers differ
+    most (the lowest rate when none does)."""
+    ok = [rate for name in setup.routers for rate in setup.rates
+          if _mean(_values(runs, name, rate, "slo_attainment")) >= threshold]  # fmt: skip
     return max(ok) if ok else min(setup.rates)
 
 
 def max_rate_in_slo(runs: list[Run], name: str, threshold: float = 0.9) -> str:
-    """The highest swept rate up to which every rate kept >= threshold of requests in SLO."""
+    """The highest swept rate up to which every rate kept >= threshold of requests in SLO (on the
+    mean of its draws)."""
     best = None
-    for r in sorted((r for r in runs if r.router == name), key=lambda r: r.rate):
-        if r.result.get("slo_attainment", 0) < threshold:
+    for rate in sorted({r.rate for r in runs if r.router == name}):
+        if _mean(_values(runs, name, rate, "slo_attainment")) < threshold:
             break
-        best = r.rate
+        best = rate
     return "none" if best is None else f"{best:g}"
+
+
+def draws_lines(runs: list[Run], setup: Setup) -> list[str]:
+    """Each point over its draws, and the first router against the best of the others draw by
+    draw (same arrivals): the spread a claim needs on a machine whose single runs scatter."""
+    lines = [
+        "",
+        f"Over {setup.draws} draws (bench_serving `--seed` 1–{setup.draws}: the conversations' "
+        "Poisson start times; the conversations and their order stay), mean [min–max]:",
+        "",
+        "| router | rate (conv/s) | goodput (req/s) | in SLO | TTFT p90 (ms) | cached share |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in setup.routers:
+        for rate in setup.rates:
+            lines.append(
+                f"| {name} | {rate:g} | {_spread(_values(runs, name, rate, 'request_goodput'))} | "
+                f"{_spread(_values(runs, name, rate, 'slo_attainment'), '.0f', 100, ' %')} | "
+                f"{_spread(_values(runs, name, rate, 'p90_ttft_ms'), '.0f')} | "
+                f"{_spread(_values(runs, name, rate, 'cached_share'), '.1f', 100, ' %')} |"
+            )
+    first, others = setup.routers[0], setup.routers[1:]
+    if not others:
+        return lines
+    lines += [
+        "",
+        f"`{first}` against the best of the others in the same draw (goodput: its over the "
+        "highest other; TTFT p90: its over the lowest other), mean [min–max] over draws:",
+        "",
+        "| rate (conv/s) | goodput ratio | TTFT p90 ratio |",
+        "|---|---|---|",
+    ]
+    for rate in setup.rates:
+        good, ttft = [], []
+        for d in range(1, setup.draws + 1):
+            at = {r.router: r.result for r in runs if r.rate == rate and r.draw == d}
+            if first not in at or not any(o in at for o in others):
+                continue
+            best = max(at[o].get("request_goodput", 0) for o in others if o in at)
+            low = min(at[o]["p90_ttft_ms"] for o in others if o in at)
+            if best > 0:
+                good.append(at[first].get("request_goodput", 0) / best)
+            if low > 0:
+                ttft.append(at[first]["p90_ttft_ms"] / low)
+        lines.append(f"| {rate:g} | {_spread(good, '.3f')} | {_spread(ttft, '.3f')} |")
+    return lines
 
 
 def cluster_line(spec: ClusterSpec) -> str:
@@ -714,15 +795,18 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
             else []
         ),
         "",
-        "| router | rate (conv/s) | req/s | out tok/s | goodput (req/s) | in SLO | "
+        "| router | rate (conv/s) | "
+        + ("draw | " if setup.draws > 1 else "")
+        + "req/s | out tok/s | goodput (req/s) | in SLO | "
         "TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | cached share | "
         "follow-ups with history cached | stickiness |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if setup.draws > 1 else ""),
     ]
-    for r in runs:
+    for r in sorted(runs, key=lambda r: (setup.routers.index(r.router), r.rate, r.draw)):
         x = r.result
+        draw = f"{r.draw} | " if setup.draws > 1 else ""
         lines.append(
-            f"| {r.router} | {r.rate:g} | {x['request_throughput']:.2f} | "
+            f"| {r.router} | {r.rate:g} | {draw}{x['request_throughput']:.2f} | "
             f"{x['output_throughput']:.0f} | {x.get('request_goodput', 0):.2f} | "
             f"{100 * x.get('slo_attainment', 0):.0f} % | {x['median_ttft_ms']:.0f} / "
             f"{x['p90_ttft_ms']:.0f} / {x['p99_ttft_ms']:.0f} | {x['median_tpot_ms']:.1f} / "
@@ -732,10 +816,11 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
     lines += ["", "| router | max rate in SLO (conv/s) | goodput at the knee "
               f"({k:g} conv/s) | TTFT p90 at the knee (ms) |", "|---|---|---|---|"]  # fmt: skip
     for name in setup.routers:
-        at = next((r for r in runs if r.router == name and r.rate == k), None)
         lines.append(f"| {name} | {max_rate_in_slo(runs, name)} | "
-                     f"{at.result.get('request_goodput', 0) if at else float('nan'):.2f} | "
-                     f"{at.result['p90_ttft_ms'] if at else float('nan'):.0f} |")  # fmt: skip
+                     f"{_spread(_values(runs, name, k, 'request_goodput'))} | "
+                     f"{_spread(_values(runs, name, k, 'p90_ttft_ms'), '.0f')} |")  # fmt: skip
+    if setup.draws > 1:
+        lines += draws_lines(runs, setup)
     checked = [r for r in runs if r.tool_calls]
     if checked:
         lines += ["", "Structured tool calls (bench_serving cannot send them): per router, "
@@ -758,7 +843,8 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
             "",
             "Runs with failed requests: "
             + ", ".join(
-                f"{r.router} @ {r.rate:g} ({meta['turns'] - r.result['completed']} failed)"
+                f"{r.router} @ {r.rate:g}{f' draw {r.draw}' if setup.draws > 1 else ''} "
+                f"({meta['turns'] - r.result['completed']} failed)"
                 for r in fail
             ),
         ]
@@ -770,10 +856,13 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in setup.routers:
-        rs = sorted((r for r in runs if r.router == name), key=lambda r: r.rate)
-        ax.plot([r.rate for r in rs], [r.result.get("request_goodput", 0) for r in rs],
-                marker="o", label=name,
-                linestyle="-" if name.startswith("smetric") else "--")  # fmt: skip
+        rates = sorted({r.rate for r in runs if r.router == name})
+        vals = [_values(runs, name, rate, "request_goodput") for rate in rates]
+        mean = np.array([_mean(v) for v in vals])
+        err = np.array([[m - min(v) for m, v in zip(mean, vals, strict=True)],
+                        [max(v) - m for m, v in zip(mean, vals, strict=True)]])  # fmt: skip
+        ax.errorbar(rates, mean, yerr=err if setup.draws > 1 else None, marker="o", capsize=3,
+                    label=name, linestyle="-" if name.startswith("smetric") else "--")  # fmt: skip
     ax.set_xlabel("request rate (conversations/s)")
     ax.set_ylabel("goodput (requests/s in SLO)")
     ax.set_title(
@@ -787,7 +876,7 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in runs:
-        if r.rate != k:
+        if r.rate != k or r.draw != 1:
             continue
         t = np.sort(np.array([v for v in r.result.get("ttfts", []) if v and v > 0]) * 1000)
         if len(t):
@@ -797,7 +886,8 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (ms)")
     ax.set_ylabel("share of requests")
-    ax.set_title(f"TTFT CDF at the knee ({k:g} conversations/s)")
+    ax.set_title(f"TTFT CDF at the knee ({k:g} conversations/s)"
+                 + (", draw 1" if setup.draws > 1 else ""))  # fmt: skip
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -842,6 +932,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--conversations sessions of --rounds rounds)",
     )
     p.add_argument("--rounds", type=int, help="mooncake: rounds per session (default 3)")
+    p.add_argument("--draws", type=int,
+                   help="arrival draws per router and rate (bench_serving --seed 1..N; default "
+                   "1): the report gives each point's mean [min-max] and the first router's "
+                   "ratio to the best other, draw by draw")  # fmt: skip
     p.add_argument("--tag", default="", help="results file suffix: compare-TAG.md")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/smetric-compare"))
@@ -860,9 +954,11 @@ def setup_from(a: argparse.Namespace) -> Setup:
         s = replace(s, routers=names)
     if a.rates:
         s = replace(s, rates=tuple(float(x) for x in a.rates.split(",")))
+    if a.draws is not None and a.draws < 1:
+        raise SystemExit("--draws must be >= 1")
     for key in ("workers", "conversations", "max_turns", "min_turns", "sessions", "gpu_kv_tokens",
                 "speedup", "tokens_per_block", "output_len", "max_prompt_tokens", "slo_ttft_ms",
-                "slo_tpot_ms", "agent", "tool_sessions", "dataset", "rounds"):  # fmt: skip
+                "slo_tpot_ms", "agent", "tool_sessions", "dataset", "rounds", "draws"):  # fmt: skip
         if getattr(a, key) is not None:
             s = replace(s, **{key: getattr(a, key)})
     return s

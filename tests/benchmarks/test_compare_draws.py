@@ -1,0 +1,68 @@
+"""`benchmarks.compare --draws`: every router meets the same arrival draws, run draw by draw, and
+the report gives each point's spread and the first router's ratio to the best other per draw."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.compare import (
+    Run,
+    Setup,
+    Workload,
+    bench_argv,
+    build_parser,
+    draws_lines,
+    knee,
+    plan,
+    setup_from,
+    slug_of,
+)
+
+
+def result(goodput: float, ttft_p90: float, in_slo: float = 1.0) -> dict[str, Any]:
+    return {"request_goodput": goodput, "p90_ttft_ms": ttft_p90, "slo_attainment": in_slo}
+
+
+SETUP = replace(Setup(), routers=("smetric", "smetric/lmetric"), rates=(1.0, 2.0), draws=2)
+
+
+def test_draws_run_draw_by_draw_with_their_own_seed_and_files() -> None:
+    first = [(1, "smetric", 1.0), (1, "smetric", 2.0), (1, "smetric/lmetric", 1.0),
+             (1, "smetric/lmetric", 2.0)]  # fmt: skip
+    assert plan(SETUP)[:4] == first
+    assert {d for d, _, _ in plan(SETUP)} == {1, 2} and len(plan(SETUP)) == 8
+    assert slug_of("smetric", 1.0) == slug_of("smetric", 1.0, 1) == "smetric_1"
+    assert slug_of("smetric/lmetric", 1.5, 2) == "smetric_lmetric_1_5_d2"
+
+    load = Workload(Path("conversations.json"), {"conversations": 4}, (2, 2, 2, 2))
+    argv = bench_argv("py", "http://x", "m", load, SETUP, 1.0, Path("o"), "tok", 2)
+    assert argv[argv.index("--seed") + 1] == "2"
+
+
+def test_the_report_gives_the_spread_and_the_ratio_draw_by_draw() -> None:
+    runs = [
+        Run("smetric", 1.0, result(10.0, 400), draw=1),
+        Run("smetric/lmetric", 1.0, result(8.0, 500), draw=1),
+        Run("smetric", 1.0, result(9.0, 600), draw=2),
+        Run("smetric/lmetric", 1.0, result(10.0, 300), draw=2),
+        Run("smetric", 2.0, result(4.0, 5000, 0.5), draw=1),
+        Run("smetric/lmetric", 2.0, result(4.0, 5000, 0.95), draw=1),
+        Run("smetric", 2.0, result(4.0, 5000, 0.5), draw=2),
+        Run("smetric/lmetric", 2.0, result(4.0, 5000, 0.8), draw=2),
+    ]
+    text = "\n".join(draws_lines(runs, SETUP))
+    assert "| smetric | 1 | 9.50 [9.00–10.00] | 100 % [100–100] | 500 [400–600] | n/a |" in text
+    # per draw: 10/8 and 9/10; TTFT 400/500 and 600/300
+    assert "| 1 | 1.075 [0.900–1.250] | 1.400 [0.800–2.000] |" in text
+    # the knee reads the mean of the draws: lmetric's 0.875 at 2 conv/s is out
+    assert knee(runs, SETUP) == 1.0
+
+
+def test_draws_below_one_are_refused() -> None:
+    with pytest.raises(SystemExit, match="--draws must be >= 1"):
+        setup_from(build_parser().parse_args(["--draws", "0"]))
+    assert setup_from(build_parser().parse_args(["--draws", "3"])).draws == 3
