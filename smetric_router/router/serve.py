@@ -157,6 +157,9 @@ async def serve(
         await runners[0].setup()
         if config.reuse_port and config.processes == 1:
             await _until_ready(state, stop)
+            if stop.is_set():  # stopped before it could route: it never took a connection
+                log.info("stopped before ready; the port was never bound")
+                return
         await web.TCPSite(
             runners[0], config.host, config.port, reuse_port=config.reuse_port or None
         ).start()

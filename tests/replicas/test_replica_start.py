@@ -62,3 +62,26 @@ async def test_a_replica_binds_the_shared_port_only_once_ready(tmp_path: Path) -
             proc.terminate()
         await proc.wait()
         await worker.close()
+
+
+async def test_a_replica_stopped_before_ready_never_binds(tmp_path: Path) -> None:
+    worker = StartingWorker("w0")
+    await worker.start()
+    port, port_file = free_port(), tmp_path / "port"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "smetric_router", "--worker-urls", worker.url,
+        "--health-check-interval-secs", "0.1", "--port", str(port), "--reuse-port",
+        "--port-file", str(port_file), env=dict(os.environ), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        await eventually(lambda: worker.calls >= 3, "the replica asking its worker")
+        proc.terminate()
+        _, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        assert b"stopped before ready; the port was never bound" in err
+        assert read_port_file(port_file) is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        await proc.wait()
+        await worker.close()
