@@ -36,15 +36,22 @@ def accepts(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+async def start_replica(
+    worker: FakeWorker, port: int, port_file: Path, stderr: int | None = None
+) -> asyncio.subprocess.Process:
+    """One router process on `port` with SO_REUSEPORT, as `--processes` starts its replicas."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "smetric_router", "--worker-urls", worker.url,
+        "--health-check-interval-secs", "0.1", "--port", str(port), "--reuse-port",
+        "--port-file", str(port_file), env=dict(os.environ), stderr=stderr,
+    )  # fmt: skip
+
+
 async def test_a_replica_binds_the_shared_port_only_once_ready(tmp_path: Path) -> None:
     worker = StartingWorker("w0")
     await worker.start()
     port, port_file = free_port(), tmp_path / "port"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "smetric_router", "--worker-urls", worker.url,
-        "--health-check-interval-secs", "0.1", "--port", str(port), "--reuse-port",
-        "--port-file", str(port_file), env=dict(os.environ),
-    )  # fmt: skip
+    proc = await start_replica(worker, port, port_file)
     try:
         await eventually(lambda: worker.calls >= 3, "the replica asking its worker")
         assert proc.returncode is None
@@ -68,11 +75,7 @@ async def test_a_replica_stopped_before_ready_never_binds(tmp_path: Path) -> Non
     worker = StartingWorker("w0")
     await worker.start()
     port, port_file = free_port(), tmp_path / "port"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "smetric_router", "--worker-urls", worker.url,
-        "--health-check-interval-secs", "0.1", "--port", str(port), "--reuse-port",
-        "--port-file", str(port_file), env=dict(os.environ), stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    proc = await start_replica(worker, port, port_file, stderr=asyncio.subprocess.PIPE)
     try:
         await eventually(lambda: worker.calls >= 3, "the replica asking its worker")
         proc.terminate()

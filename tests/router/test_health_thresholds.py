@@ -24,6 +24,14 @@ def healthy(router: RouterUnderTest, w: FakeWorker) -> bool:
     return router.state.registry.workers[w.url].healthy
 
 
+async def comes_back_after(router: RouterUnderTest, w: FakeWorker, passes: int) -> None:
+    for _ in range(passes - 1):
+        await rounds(router, 1)
+        assert not healthy(router, w)
+    await rounds(router, 1)
+    assert healthy(router, w)
+
+
 async def test_a_worker_goes_out_after_the_failure_threshold_in_a_row(
     make_worker: MakeWorker, make_router: MakeRouter
 ) -> None:
@@ -59,10 +67,7 @@ async def test_an_excluded_worker_comes_back_after_the_success_threshold(
     a.healthy = False
     await rounds(router, 1)  # a miss while out starts the count again
     a.healthy = True
-    await rounds(router, 1)
-    assert not healthy(router, a)
-    await rounds(router, 1)
-    assert healthy(router, a)
+    await comes_back_after(router, a, 2)
 
 
 async def test_a_dropped_request_excludes_at_once_and_the_success_threshold_readmits(
@@ -79,10 +84,7 @@ async def test_a_dropped_request_excludes_at_once_and_the_success_threshold_read
         assert r.status == 502
     dropped = a if a.bodies else b
     assert not healthy(router, dropped)  # out without waiting for five health checks
-    await rounds(router, 1)
-    assert not healthy(router, dropped)
-    await rounds(router, 1)
-    assert healthy(router, dropped)
+    await comes_back_after(router, dropped, 2)
 
 
 async def test_a_worker_that_never_answered_comes_in_on_its_first_pass(
