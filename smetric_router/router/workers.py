@@ -155,6 +155,7 @@ class Worker:
             "url": self.url,
             "role": self.role.value,
             "healthy": self.healthy,
+            "health_misses": self.health_misses,  # in a row, while in (--health-failure-threshold)
             "inflight": self.inflight,
             "peers": self.peers,
             "load": self.load(now, max_age),

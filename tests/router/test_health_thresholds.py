@@ -40,6 +40,9 @@ async def test_a_worker_goes_out_after_the_failure_threshold_in_a_row(
     a.healthy = False
     await rounds(router, 2)
     assert healthy(router, a)  # two misses: a busy worker, still in
+    async with aiohttp.ClientSession() as s, s.get(router.url + "/workers") as r:
+        listed = {w["url"]: w for w in (await r.json())["workers"]}
+    assert listed[a.url]["health_misses"] == 2 and listed[b.url]["health_misses"] == 0
     a.healthy = True
     await rounds(router, 1)  # a pass starts the count again
     a.healthy = False
