@@ -486,7 +486,7 @@ def default_spec(setup: Setup) -> ClusterSpec:
 
 
 def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
-            log: Any = print) -> list[Run]:  # fmt: skip
+            log: Any = print, resume: bool = False) -> list[Run]:  # fmt: skip
     sglang_py = sglang_python(spec.sglang)
     emulated = spec.workers.kind == "emulated"
     model = spec.workers.model_name if emulated else (
@@ -501,6 +501,11 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
         workers = stack.worker_urls
         log(f"workers: {' '.join(workers)}")
         for draw, name, rate in plan(setup):
+            kept = stored_run(work, name, rate, draw) if resume else None
+            if kept is not None:
+                runs.append(kept)
+                log(f"{name:28s} rate {rate:g} draw {draw}: kept from an earlier run")
+                continue
             slug = slug_of(name, rate, draw)
             router_log = work / f"{slug}.router.log"
             with router_on_free_port(name, spec, workers, sglang_py, stack, model,
@@ -572,17 +577,27 @@ def slug_of(name: str, rate: float, draw: int = 1) -> str:
     return re.sub(r"[^a-z0-9]+", "_", f"{name}_{rate:g}{tail}".lower())
 
 
+def stored_run(work: Path, name: str, rate: float, draw: int) -> Run | None:
+    """The run a previous invocation left in `work` (bench_serving JSONL + sidecar), if any."""
+    slug = slug_of(name, rate, draw)
+    side_file, out = work / f"{slug}.run.json", work / f"{slug}.jsonl"
+    if not side_file.exists() or not out.exists():
+        return None
+    side = json.loads(side_file.read_text())
+    result = json.loads(out.read_text().splitlines()[-1])
+    return Run(name, rate, result, side["worker_prompt_tokens"], side["worker_cached_tokens"],
+               side["decisions"], side["command"], tuple(side["turns"]),
+               side.get("tool_calls") or {}, side.get("draw", 1))  # fmt: skip
+
+
 def load_runs(setup: Setup, work: Path) -> list[Run]:
-    """The runs a previous invocation left in `work` (bench_serving JSONL + sidecar)."""
+    """The runs a previous invocation left in `work`, every one the setup names."""
     runs = []
     for draw, name, rate in plan(setup):
-        slug = slug_of(name, rate, draw)
-        side = json.loads((work / f"{slug}.run.json").read_text())
-        result = json.loads((work / f"{slug}.jsonl").read_text().splitlines()[-1])
-        runs.append(Run(name, rate, result, side["worker_prompt_tokens"],
-                        side["worker_cached_tokens"], side["decisions"], side["command"],
-                        tuple(side["turns"]), side.get("tool_calls") or {},
-                        side.get("draw", 1)))  # fmt: skip
+        run = stored_run(work, name, rate, draw)
+        if run is None:
+            raise SystemExit(f"no run of {name} at {rate:g} (draw {draw}) in {work}")
+        runs.append(run)
     return runs
 
 
@@ -939,6 +954,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", default="", help="results file suffix: compare-TAG.md")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/smetric-compare"))
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs an earlier invocation of the same workload left in the "
+                   "work dir and run only the missing ones (an interrupted sweep, or more "
+                   "draws, rates or routers)")  # fmt: skip
     p.add_argument("--report-only", action="store_true",
                    help="rewrite the report from the runs already in the work dir")  # fmt: skip
     return p
@@ -987,10 +1006,17 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
         argv, elapsed = prev.get("argv", argv), prev.get("elapsed_s", 0.0)
     else:
         load = workload(setup, a.trace, work)
+        before = 0.0
+        if a.resume and (work / "workload.json").exists():
+            if Workload.load(work).meta != json.loads(json.dumps(load.meta)):
+                raise SystemExit(f"--resume: {work} holds runs of another workload")
+            prev = json.loads(summary.read_text()) if summary.exists() else {}
+            before = prev.get("elapsed_s", 0.0)
         load.save(work)
         print(f"workload: {load.meta}", flush=True)
-        runs = run_all(setup, spec, load, work, log=lambda s: print(s, flush=True))
-        elapsed = time.monotonic() - t0
+        runs = run_all(setup, spec, load, work, log=lambda s: print(s, flush=True),
+                       resume=a.resume)  # fmt: skip
+        elapsed = before + time.monotonic() - t0
         summary.write_text(json.dumps({"argv": argv, "elapsed_s": elapsed}))
     name = "compare" + (
         f"-{a.tag}" if a.tag else "-smoke" if a.smoke else "-quick" if a.quick else ""

@@ -3,6 +3,7 @@ the report gives each point's spread and the first router's ratio to the best ot
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,11 @@ from benchmarks.compare import (
     build_parser,
     draws_lines,
     knee,
+    load_runs,
     plan,
     setup_from,
     slug_of,
+    stored_run,
 )
 
 
@@ -66,3 +69,16 @@ def test_draws_below_one_are_refused() -> None:
     with pytest.raises(SystemExit, match="--draws must be >= 1"):
         setup_from(build_parser().parse_args(["--draws", "0"]))
     assert setup_from(build_parser().parse_args(["--draws", "3"])).draws == 3
+
+
+def test_a_stored_run_reads_back_and_a_missing_one_is_said(tmp_path: Path) -> None:
+    run = Run("smetric/lmetric", 1.5, result(7.0, 900), 100, 60, {"sticky": 3.0}, "cmd", (2, 3),
+              draw=2)  # fmt: skip
+    slug = slug_of(run.router, run.rate, run.draw)
+    (tmp_path / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
+    assert stored_run(tmp_path, run.router, 1.5, 2) is None  # no bench_serving output yet
+    (tmp_path / f"{slug}.jsonl").write_text(json.dumps(run.result) + "\n")
+    assert stored_run(tmp_path, run.router, 1.5, 2) == run
+    assert stored_run(tmp_path, run.router, 1.5, 1) is None
+    with pytest.raises(SystemExit, match=r"no run of smetric at 1\.5 \(draw 1\)"):
+        load_runs(replace(SETUP, routers=("smetric",), rates=(1.5,)), tmp_path)
