@@ -96,6 +96,9 @@ ROUTERS: dict[str, RouterDef] = {
     "smetric/lmetric-inflight": RouterDef("smetric", "lmetric-inflight"),
     "smetric/load_balance": RouterDef("smetric", "load_balance"),
     "smetric/cache_aware": RouterDef("smetric", "cache_aware"),
+    # the default with its overload guard at a factor of 1: a follow-up leaves its holder as soon
+    # as staying costs more than the cheapest move (the default's 2 keeps it while they are close)
+    "smetric-move1": RouterDef("smetric", "smetric", ("--move-cost-ratio", "1")),
     # four router processes on one port, the kernel spreading connections between them, as four
     # replicas behind an L4 load balancer; they publish their in-flight counts to each other
     "smetric-x4": RouterDef("smetric", "smetric", ("--processes", "4")),
