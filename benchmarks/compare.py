@@ -688,10 +688,11 @@ def draws_lines(runs: list[Run], setup: Setup) -> list[str]:
         good, ttft = [], []
         for d in range(1, setup.draws + 1):
             at = {r.router: r.result for r in runs if r.rate == rate and r.draw == d}
-            if first not in at or not any(o in at for o in others):
+            rivals = [at[o] for o in others if o in at]
+            if first not in at or not rivals:
                 continue
-            best = max(at[o].get("request_goodput", 0) for o in others if o in at)
-            low = min(at[o]["p90_ttft_ms"] for o in others if o in at)
+            best = max(x.get("request_goodput", 0) for x in rivals)
+            low = min(x["p90_ttft_ms"] for x in rivals)
             if best > 0:
                 good.append(at[first].get("request_goodput", 0) / best)
             if low > 0:

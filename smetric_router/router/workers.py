@@ -245,8 +245,8 @@ class WorkerRegistry:
     page_size: int | None = None  # fixed by --page-size, else by the first worker that reports one
     health_interval: float = 5.0
     health_timeout: float = 5.0
-    health_failure_threshold: int = 1
-    health_success_threshold: int = 1
+    health_failure_threshold: int = 3  # the config's defaults
+    health_success_threshold: int = 2
     load_interval: float = 1.0
     on_added: Hook | None = None
     on_removed: Hook | None = None
@@ -348,7 +348,8 @@ class WorkerRegistry:
         return w
 
     def mark_failed(self, w: Worker, why: str) -> None:
-        """A dispatch could not reach the worker: exclude it until a health check passes."""
+        """A dispatch could not reach the worker: exclude it until --health-success-threshold
+        health checks in a row pass."""
         w.health_passes = 0
         if w.healthy:
             w.healthy = False
