@@ -20,6 +20,7 @@ from smetric_router.admission.metrics import (
     kind,
 )
 from smetric_router.admission.order import ANONYMOUS, AdmissionQueue, Entry
+from smetric_router.admission.pace import Pace
 from smetric_router.admission.room import RoundRoom, WorkerRoom
 from smetric_router.admission.usage import SlotUse
 
@@ -38,17 +39,20 @@ class AdmissionConfig:
 
     @property
     def retry_after(self) -> int:
-        """Seconds a refused client is told to wait: the queue's timeout, as a request that
-        waited that long found no room (1 to 60)."""
+        """Seconds a refused client is told to wait before the queue's pace is known
+        (admission/pace.py): the queue's timeout, as a request that waited that long found no
+        room (1 to 60)."""
         return max(1, min(60, math.ceil(self.timeout_s)))
 
 
 class Shed(Exception):
-    """The request leaves unadmitted (HTTP 429)."""
+    """The request leaves unadmitted (HTTP 429); retry_after: the seconds its client is told to
+    wait (admission/pace.py)."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, retry_after: int) -> None:
         super().__init__(message)
         self.reason = reason
+        self.retry_after = retry_after
 
 
 class Ticket:
@@ -81,6 +85,7 @@ class Gate:
         self.config = config
         self.running = 0
         self._use = SlotUse(clock)  # each tenant's slots, for its share in the queue's order
+        self._pace = Pace(clock)  # each tenant's admissions per class, for Retry-After
         self._workers = workers
         self._clock = clock
         self._queue = AdmissionQueue(
@@ -109,7 +114,7 @@ class Gate:
         if not self._queue:  # nothing waits ahead of it
             room = self._room()
             if room.fits(worker):
-                return self._admitted(label, tenant)
+                return self._admitted(follow_up, tenant)
         pushed = self._queue.push(worker, follow_up, tenant, priority)
         if pushed.displaced is not None:
             why = (
@@ -121,7 +126,11 @@ class Gate:
         entry = pushed.entry
         if entry is None:
             self.metrics.shed.labels(QUEUE_FULL, label, tenant).inc()
-            raise Shed(QUEUE_FULL, f"the router queue is full ({self.config.queue_size} waiting)")
+            raise Shed(
+                QUEUE_FULL,
+                f"the router queue is full ({self.config.queue_size} waiting)",
+                self._retry_after(tenant, follow_up),
+            )
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiters[entry.seq] = fut
         self._wake()
@@ -141,9 +150,11 @@ class Gate:
         self.metrics.wait.labels(label, tenant).observe(waited)
         return Ticket(self, order, waited, tenant)
 
-    def _admitted(self, label: str, tenant: str) -> Ticket:
+    def _admitted(self, follow_up: bool, tenant: str) -> Ticket:
         self.running += 1
         self._use.start(tenant)
+        self._pace.admitted(tenant, follow_up)
+        label = kind(follow_up)
         self.metrics.admitted.labels(label, "no", tenant).inc()
         self.metrics.wait.labels(label, tenant).observe(0.0)
         return Ticket(self, next(self._admissions), 0.0, tenant)
@@ -177,13 +188,18 @@ class Gate:
             if fut is not None and not fut.done():
                 self.running += 1
                 self._use.start(e.tenant)
+                self._pace.admitted(e.tenant, e.follow_up)
                 fut.set_result(next(self._admissions))
 
     def _shed(self, entry: Entry, reason: str, why: str) -> None:
         self.metrics.shed.labels(reason, kind(entry.follow_up), entry.tenant).inc()
         fut = self._waiters.pop(entry.seq, None)
         if fut is not None and not fut.done():
-            fut.set_exception(Shed(reason, why))
+            fut.set_exception(Shed(reason, why, self._retry_after(entry.tenant, entry.follow_up)))
+
+    def _retry_after(self, tenant: str, follow_up: bool) -> int:
+        ahead = self._queue.waiting(tenant, follow_up)
+        return self._pace.retry_after(tenant, follow_up, ahead, self.config.retry_after)
 
     def _arm(self) -> None:
         if self._timer is None or self._timer.done():

@@ -140,6 +140,13 @@ class AdmissionQueue:
         """Entries waiting per tenant (tenants with none are absent)."""
         return {t: len(w) for t, w in self._waiting.items()}
 
+    def waiting(self, tenant: str, follow_up: bool) -> int:
+        """Entries of this tenant and class waiting."""
+        w = self._waiting.get(tenant)
+        if w is None:
+            return 0
+        return len(w.follow_ups if follow_up else w.first_turns)
+
     def push(
         self, worker: str | None, follow_up: bool, tenant: str = ANONYMOUS, priority: int = 0
     ) -> Pushed:

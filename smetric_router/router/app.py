@@ -633,7 +633,7 @@ async def _admit(
     except Shed as e:
         if state.limits is not None:
             state.limits.refund(name, tokens)
-        raise refusal(e, state.admission.config.retry_after) from None
+        raise refusal(e, e.retry_after) from None
     except asyncio.CancelledError:
         if state.limits is not None:
             state.limits.refund(name, tokens)

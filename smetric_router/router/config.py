@@ -529,7 +529,9 @@ class RouterConfig:
         60.0,
         Flag(
             "--queue-timeout-secs",
-            "longest wait in the router queue; past it the request is answered 429",
+            "longest wait in the router queue; past it the request is answered 429, its "
+            "Retry-After the time its tenant's queue needs at the pace it has been admitted "
+            "(docs/admission.md#errors)",
             group=ADMISSION,
         ),
     )
