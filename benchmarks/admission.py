@@ -342,7 +342,8 @@ def context(setup: Setup, argv: Sequence[str], elapsed: float, cluster: Cluster,
         f"{s.ceiling_s:g} --api-key-file tenants.json` (policy smetric). Cap: the {slots} batch "
         f"slots + 1 per worker; timeout: twice the TTFT SLO in wall s; queue: what the cap admits "
         f"within one timeout at the calibrated request time; ceiling: the timeout (new sessions "
-        f"never go before follow-ups). No "
+        f"never go before follow-ups); a refusal's Retry-After from the queue's pace "
+        f"(docs/admission.md#errors). No "
         f"tenant rate limits: their buckets hold a minute's allowance, longer than a run.",
         OFF: "no admission flags, no key file (policy smetric).",
         SMG: f"smg 1.13 `launch --policy cache_aware --max-concurrent-requests "
