@@ -85,7 +85,7 @@ class Gate:
         self.config = config
         self.running = 0
         self._use = SlotUse(clock)  # each tenant's slots, for its share in the queue's order
-        self._pace = Pace(clock)  # each tenant's admissions per class, for Retry-After
+        self._pace = Pace(clock, weights=weights)  # admissions per tenant and class
         self._workers = workers
         self._clock = clock
         self._queue = AdmissionQueue(

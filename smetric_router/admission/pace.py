@@ -14,8 +14,10 @@ refused; rate: that tenant's admissions of that class per second, an exponential
 average over WINDOW_S. Per tenant and class because that is the order the queue admits in
 (admission/order.py): a tenant under its share waits for its own few entries and is told a
 short pause, a tenant bursting sub-agents a long one, and a refused first turn is told how fast
-first turns get in, not how fast the running sessions' follow-ups do. Before any admission of
-its kind, the caller's fallback (the queue timeout).
+first turns get in, not how fast the running sessions' follow-ups do. A tenant's pace is at least
+its weighted share of its class's pace over the tenants admitted lately: one that sent nothing
+for a while has a decayed rate of its own, yet the queue would admit it at its share. Before any
+admission of its kind, the caller's fallback (the queue timeout).
 
 Invariants: a pure structure on an injected clock; one entry per (tenant, class) admitted, so
 the table is bounded by the tenants the router knows; retry_after() is always in [1, 60].
@@ -24,12 +26,13 @@ the table is bounded by the tenants the router knows; retry_after() is always in
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 WINDOW_S = 10.0  # several requests' lengths: the recent pace, not a bunching's
 MIN_S = 1
 MAX_S = 60  # what clients honour: the OpenAI SDK ignores a longer Retry-After
+_ACTIVE = 1e-3  # admissions per second below which a tenant no longer shares its class's pace
 
 
 @dataclass(slots=True)
@@ -40,11 +43,17 @@ class _Rate:
 
 
 class Pace:
-    def __init__(self, clock: Callable[[], float], window_s: float = WINDOW_S) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        window_s: float = WINDOW_S,
+        weights: Mapping[str, float] | None = None,
+    ) -> None:
         if window_s <= 0:
             raise ValueError(f"window_s must be > 0, got {window_s}")
         self._clock = clock
         self._window_s = window_s
+        self._weights = dict(weights or {})  # tenant -> weight; absent: 1
         self._rates: dict[tuple[str, bool], _Rate] = {}
 
     def admitted(self, tenant: str, follow_up: bool) -> None:
@@ -66,12 +75,30 @@ class Pace:
         age = max(now - r.since, 1e-9)
         return self._decayed(r, now) / -math.expm1(-age / self._window_s)
 
+    def pace(self, tenant: str, follow_up: bool) -> float:
+        """The rate this tenant's requests of this class can expect to be admitted at: its own
+        lately, or its weighted share of the class's, whichever is higher (0: none known)."""
+        own = self.rate(tenant, follow_up)
+        total = 0.0
+        weights = self._weight(tenant)
+        for t, f in self._rates:
+            if f != follow_up:
+                continue
+            r = self.rate(t, f)
+            total += r
+            if t != tenant and r >= _ACTIVE:
+                weights += self._weight(t)
+        return max(own, total * self._weight(tenant) / weights)
+
     def retry_after(self, tenant: str, follow_up: bool, ahead: int, fallback: int) -> int:
         """Whole seconds a refused request of this tenant and class is told to wait, with
         `ahead` requests of its kind still queued; `fallback` before any pace is known."""
-        rate = self.rate(tenant, follow_up)
+        rate = self.pace(tenant, follow_up)
         wait = fallback if rate <= 0 else math.ceil((ahead + 1) / rate)
         return max(MIN_S, min(MAX_S, wait))
+
+    def _weight(self, tenant: str) -> float:
+        return self._weights.get(tenant, 1.0)
 
     def _decayed(self, r: _Rate, now: float) -> float:
         return r.value * math.exp(-max(0.0, now - r.at) / self._window_s)

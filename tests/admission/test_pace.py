@@ -96,3 +96,17 @@ def test_a_tenant_under_its_share_is_told_a_short_wait_beside_a_backlogged_one()
         pace.admitted("swarm", False)
     assert 19 <= pace.retry_after("swarm", False, ahead=20, fallback=2) <= 21  # 21 / ~1 per s
     assert pace.retry_after("alpha", False, ahead=0, fallback=2) == 1
+
+
+def test_a_tenant_back_from_idle_is_told_its_share_not_its_decayed_rate() -> None:
+    clock = FakeClock()
+    pace = Pace(clock, weights={"beta": 3.0})
+    pace.admitted("alpha", False)
+    for _ in range(600):  # alpha idle for ten minutes while beta is admitted 4 a second
+        clock.advance(0.25)
+        pace.admitted("beta", False)
+    assert pace.rate("alpha", False) < 1e-6
+    # alpha's weighted share of the 4 a second: 1 / (1 + 3), so one place ahead of it takes ~2 s
+    assert pace.retry_after("alpha", False, ahead=1, fallback=9) == 2
+    assert pace.retry_after("gamma", False, ahead=1, fallback=9) == 2  # never admitted: its share
+    assert pace.retry_after("alpha", True, ahead=1, fallback=9) == 9  # no follow-up pace known
