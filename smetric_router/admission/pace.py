@@ -67,26 +67,22 @@ class Pace:
     def rate(self, tenant: str, follow_up: bool) -> float:
         """Admissions per second of this tenant and class lately (0: none yet)."""
         r = self._rates.get((tenant, follow_up))
-        if r is None:
-            return 0.0
-        now = self._clock()
-        # an average that began `age` ago has seen only part of its window: scale it up as the
-        # window it has (1 - exp(-age / window)), so the first seconds are not read as a crawl
-        age = max(now - r.since, 1e-9)
-        return self._decayed(r, now) / -math.expm1(-age / self._window_s)
+        return 0.0 if r is None else self._rate(r, self._clock())
 
     def pace(self, tenant: str, follow_up: bool) -> float:
         """The rate this tenant's requests of this class can expect to be admitted at: its own
         lately, or its weighted share of the class's, whichever is higher (0: none known)."""
-        own = self.rate(tenant, follow_up)
-        total = 0.0
+        now = self._clock()
+        own = total = 0.0
         weights = self._weight(tenant)
-        for t, f in self._rates:
+        for (t, f), r in self._rates.items():
             if f != follow_up:
                 continue
-            r = self.rate(t, f)
-            total += r
-            if t != tenant and r >= _ACTIVE:
+            rate = self._rate(r, now)
+            total += rate
+            if t == tenant:
+                own = rate
+            elif rate >= _ACTIVE:
                 weights += self._weight(t)
         return max(own, total * self._weight(tenant) / weights)
 
@@ -99,6 +95,12 @@ class Pace:
 
     def _weight(self, tenant: str) -> float:
         return self._weights.get(tenant, 1.0)
+
+    def _rate(self, r: _Rate, now: float) -> float:
+        # an average that began `age` ago has seen only part of its window: scale it up as the
+        # window it has (1 - exp(-age / window)), so the first seconds are not read as a crawl
+        age = max(now - r.since, 1e-9)
+        return self._decayed(r, now) / -math.expm1(-age / self._window_s)
 
     def _decayed(self, r: _Rate, now: float) -> float:
         return r.value * math.exp(-max(0.0, now - r.at) / self._window_s)

@@ -12,35 +12,14 @@ from smetric_router.admission.gate import AdmissionConfig, Gate, Shed, Ticket
 from smetric_router.admission.metrics import AdmissionMetrics
 from smetric_router.admission.room import WorkerRoom
 from tests.helpers.clock import FakeClock
-from tests.helpers.polling import eventually
+from tests.helpers.gate import make_gate, queued
 
 A = "http://a:1"
-
-
-def make_gate(
-    cap: int | None = 1,
-    size: int = 10,
-    timeout: float = 30.0,
-    rooms: list[WorkerRoom] | None = None,
-    max_queued: int = 0,
-) -> tuple[Gate, FakeClock, CollectorRegistry]:
-    clock = FakeClock()
-    registry = CollectorRegistry()
-    config = AdmissionConfig(cap, size, timeout, 5.0, max_queued)
-
-    def metrics(g: Gate) -> AdmissionMetrics:
-        return AdmissionMetrics(registry, ["anonymous"], g.queued_by_tenant, lambda: g.running)
-
-    return Gate(config, lambda: rooms or [], metrics, clock), clock, registry
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     """The sample of the one tenant (anonymous) unless the labels name another."""
     return registry.get_sample_value(name, {"tenant": "anonymous", **labels}) or 0.0
-
-
-async def queued(gate: Gate, n: int) -> None:
-    await eventually(lambda: gate.queued == n or None, f"{n} queued")
 
 
 async def test_slots_are_handed_on_follow_ups_first() -> None:

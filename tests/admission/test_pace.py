@@ -9,8 +9,8 @@ import pytest
 
 from smetric_router.admission.gate import Shed
 from smetric_router.admission.pace import MAX_S, MIN_S, Pace
-from tests.admission.test_gate import make_gate, queued
 from tests.helpers.clock import FakeClock
+from tests.helpers.gate import make_gate, queued
 
 
 def steady(pace: Pace, clock: FakeClock, tenant: str, follow_up: bool, per_s: float,
