@@ -8,6 +8,7 @@ from smetric_router.policies import (
     load_balance,
     simple,
     smetric,
+    smetric_ftwork,
     smetric_paper,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
     "load_balance",
     "simple",
     "smetric",
+    "smetric_ftwork",
     "smetric_paper",
 ]

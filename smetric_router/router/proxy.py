@@ -46,7 +46,7 @@ from smetric_router.router.upstream import (
     Upstream,
     UpstreamError,
 )
-from smetric_router.router.workers import Worker, WorkerRegistry
+from smetric_router.router.workers import PrefillShare, Worker, WorkerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +261,7 @@ class Proxy:
                 # Its pages count as held there from now (no await since the decision) until it
                 # ends: a request routed meanwhile sees them (cluster/inflight.py).
                 hold = self.router.hold(worker.url, routed.features)
+                share = PrefillShare(worker, new_tokens(routed, worker.url))
                 ran = False  # whether the worker took it (then its KV events are on the way)
                 # one span per attempt, siblings under the request's span
                 attempt = tracing.client_span("upstream", self._attempt_attributes(
@@ -278,8 +279,9 @@ class Proxy:
                         if resp.status >= 500:
                             attempt.fail(f"HTTP {resp.status}")
                         return await self._relay(
-                            request, worker, resp, routed, started, label, verdict, attempt
-                        )
+                            request, worker, resp, routed, started, label, verdict, attempt,
+                            share.done,
+                        )  # fmt: skip
                     attempt.fail(why)
                 except asyncio.TimeoutError:
                     verdict.failed()
@@ -299,6 +301,7 @@ class Proxy:
                     raise
                 finally:
                     attempt.end()
+                    share.done()
                     self.router.release(hold, ran=ran)
                     self.registry.record(worker.url, passed, verdict.outcome)
             if last:
@@ -397,13 +400,14 @@ class Proxy:
         label: str,
         verdict: Verdict,
         span: tracing.Span = tracing.NO_SPAN,
+        prefilled: Callable[[], None] = lambda: None,
     ) -> web.StreamResponse:
         try:
             headers = CIMultiDict((k, v) for k, v in resp.headers if k.lower() not in DROP_RESPONSE)
             headers.update(decision_headers(routed))
             if resp.content_type == "text/event-stream" and resp.status < 400:
                 return await self._stream(
-                    request, worker, resp, headers, started, label, verdict, span
+                    request, worker, resp, headers, started, label, verdict, span, prefilled
                 )
             whole = await self._whole(worker, resp, headers, routed, started, label, verdict, span)
             ids = api_responses.rewriter(request, worker.url)  # Responses: ids carry the worker
@@ -462,6 +466,7 @@ class Proxy:
         label: str,
         verdict: Verdict,
         span: tracing.Span = tracing.NO_SPAN,
+        prefilled: Callable[[], None] = lambda: None,
     ) -> web.StreamResponse:
         # Headers go out at once, so a client sees the stream start before the first token;
         # when that token is already here, they go out with it, in one write.
@@ -470,6 +475,7 @@ class Proxy:
         await out.prepare(request)
 
         def first() -> None:
+            prefilled()  # the worker emits the first token once the prompt is prefilled
             self.metrics.first_byte(label, time.perf_counter() - started)
             span.event("first_byte")
 
@@ -491,6 +497,12 @@ class _HeldHeaders(web.StreamResponse):
     # aiohttp's switch (web.Response's default) to hold the headers until the first body write;
     # an aiohttp without it sends them at once, as StreamResponse does.
     _send_headers_immediately = False
+
+
+def new_tokens(routed: Routed, url: str) -> int:
+    """The prompt tokens the worker has to prefill for this request, as its decision saw them."""
+    seen = routed.view.worker(url)
+    return routed.features.prompt_len - (seen.hit if seen is not None else 0)
 
 
 def note_cut(

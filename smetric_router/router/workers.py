@@ -20,6 +20,13 @@ than three poll intervals (or from a failed poll) is ignored. What is counted de
 - PD decode: KV tokens in use; own = prompt tokens of requests in flight; reported =
   num_used_tokens.
 
+Unprefilled tokens (WorkerView.unprefilled), colocated workers only: the router's own count of
+the prompt tokens it has routed to the worker and not yet seen a first token of, each request
+adding its prompt minus the hit its decision saw (PrefillShare). A stream's first body byte ends a
+request's share; a non-streamed request holds it until its answer, the first byte the router sees
+of it. Neither synced between replicas nor corrected by a report: another router's requests are
+not in it.
+
 Running batch (WorkerView.running, LMetric's batch size): a colocated worker's reported
 num_running_reqs as it stands in the last fresh report, with no own count mixed in, since the
 router cannot tell which of its dispatches the engine has admitted; None without a fresh report
@@ -111,6 +118,7 @@ class Worker:
     health_passes: int = 0
     inflight: int = 0
     tokens: int = 0  # PD: the router's own token count (see the load rule above)
+    unprefilled: int = 0  # colocated: see "Unprefilled tokens" above
     reported_load: float | None = None
     reported_running: int | None = None  # colocated: num_running_reqs of the last report
     reported_at: float = 0.0
@@ -166,11 +174,28 @@ class Worker:
             "context_length": self.context_length,
             "problem": self.problem,
         }
-        if self.role is not Role.WORKER:
+        if self.role is Role.WORKER:
+            out["unprefilled"] = self.unprefilled
+        else:
             out["tokens"] = self.tokens
         if self.role is Role.PREFILL:
             out["bootstrap_port"] = self.bootstrap_port
         return out
+
+
+class PrefillShare:
+    """One request's share of its worker's unprefilled tokens, taken when it is sent and given back
+    once, at its first byte or when it ends, whichever comes first."""
+
+    __slots__ = ("_tokens", "_worker")
+
+    def __init__(self, worker: Worker, tokens: int) -> None:
+        self._worker, self._tokens = worker, max(tokens, 0)
+        worker.unprefilled += self._tokens
+
+    def done(self) -> None:
+        self._worker.unprefilled -= self._tokens
+        self._tokens = 0
 
 
 def page_size_of(server_info: dict[str, Any]) -> int | None:

@@ -15,6 +15,8 @@ Per decision the router sees (same fields as the real router fills):
 - hit / gpu_hit: the local-tier (GPU, + host in hicache mode) and GPU-only prefix hit in that
   engine's radix cache;
 - load: requests in flight at the instance (routed and not finished), the router's own count;
+- unprefilled: the new tokens (prompt - the hit its view showed) of the requests routed there
+  whose first token has not come back, the router's own count for streamed requests;
 - running: the engine's running batch as the step in flight left it (admitted, not finished:
   the batch size its /v1/loads would report), without the requests still waiting;
 - turn / est_hit: what the router reads off the request itself, the assistant replies it carries
@@ -205,6 +207,8 @@ class Cluster:
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._load = [0] * cfg.instances
+        self._unprefilled = [0] * cfg.instances
+        self._share: dict[int, tuple[int, int]] = {}  # request -> (instance, its new tokens)
         self._records: list[RequestRecord] = []
         self._windows: list[list[float]] = []
 
@@ -282,6 +286,8 @@ class Cluster:
             rec = records[int(rid)]
             if rec.first_token < 0:
                 rec.first_token = t
+                idx, new = self._share.pop(int(rid))
+                self._unprefilled[idx] -= new
         for rid in res.finished:
             records[int(rid)].finish = t
             self._load[inst.idx] -= 1
@@ -320,7 +326,7 @@ class Cluster:
             hashes = mapper.pages(req, n)
             prompt_pages = hashes[: req.input_len // ps]
             features = router_features(req, prompt_pages, ps, text, cfg.session_hints)
-            idx = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
+            idx, hit = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
             if req.turn == 0:
                 session_first[req.session] = idx
             first = session_first.get(req.session, -1)
@@ -328,6 +334,9 @@ class Cluster:
                 RequestRecord(t, req.input_len, req.output_len, req.turn, idx, first)
             )
             self._load[idx] += 1
+            new = max(req.input_len - hit, 0)
+            self._unprefilled[idx] += new
+            self._share[n] = (idx, new)
             self._dispatch(
                 self.instances[idx],
                 EngineRequest(str(n), [], [], hashes, req.input_len, max(req.output_len, 1)),
@@ -348,7 +357,8 @@ class Cluster:
 
     def _decide(
         self, features: RequestFeatures, cacheable: list[int], tick: int, rng: random.Random
-    ) -> int:
+    ) -> tuple[int, int]:
+        """The instance the policy chose and the local hit its view showed there."""
         ps = self.cfg.page_size
         text_match: dict[str, int] = {}
         tree = self.text_tree
@@ -362,6 +372,7 @@ class Cluster:
                 WorkerView(
                     url=url,
                     load=self._load[i],
+                    unprefilled=self._unprefilled[i],
                     running=inst.engine.num_running_reqs,
                     hit=(gpu + host) * ps,
                     gpu_hit=gpu * ps,
@@ -374,7 +385,8 @@ class Cluster:
         url = self.policy.decide(features, view).worker
         if tree is not None:
             tree.insert(features.text, url)
-        return self._url_index[url]
+        idx = self._url_index[url]
+        return idx, workers[idx].hit
 
     def _dispatch(self, inst: _Instance, req: EngineRequest, t: float) -> None:
         if inst.port is not None:

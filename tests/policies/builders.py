@@ -17,6 +17,7 @@ def w(
     tree: int = 0,
     l3: int | None = 0,
     running: int | None = None,
+    unprefilled: int = 0,
 ) -> WorkerView:
     return WorkerView(
         url="",
@@ -28,6 +29,7 @@ def w(
         text_match=text_match,
         text_tree_size=tree,
         running=running,
+        unprefilled=unprefilled,
     )
 
 

@@ -10,6 +10,7 @@ def test_registry_lists_every_policy_and_rejects_unknown_names() -> None:
     assert set(policy_names()) == {
         "smetric",
         "smetric-paper",
+        "smetric-ftwork",
         "bailian",
         "lmetric",
         "lmetric-inflight",

@@ -220,3 +220,42 @@ def test_session_hints_carry_the_trace_session_only_when_asked() -> None:
     homes = [max(cluster.urls, key=lambda u: rank(req.session, u)) for req in trace]
     assert [cluster.urls[r.instance] for r in res.records] == homes
     assert len(set(homes)) > 1
+
+
+class _UnprefilledSpy:
+    """round_robin, checking per decision that each view's unprefilled is the new tokens (prompt -
+    the hit its view showed) of the requests routed there whose first token has not come back."""
+
+    name = "unprefilled-spy"
+    uses_text_tree = False
+
+    def __init__(self) -> None:
+        self.inner = make_policy("round_robin")
+        self.cluster: Cluster | None = None
+        self.routed: list[tuple[str, int]] = []  # per decision: (worker, its new tokens there)
+        self.hits = 0  # decisions whose chosen worker held part of the prompt
+        self.nonzero = 0
+
+    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+        assert self.cluster is not None
+        records = self.cluster._records
+        waiting = {v.url: 0 for v in view.workers}
+        for n, (url, new) in enumerate(self.routed):
+            if records[n].first_token < 0:
+                waiting[url] += new
+        assert {v.url: v.unprefilled for v in view.workers} == waiting
+        self.nonzero += sum(1 for v in view.workers if v.unprefilled > 0)
+        d = self.inner.decide(features, view)
+        chosen = view.worker(d.worker)
+        assert chosen is not None
+        self.routed.append((d.worker, features.prompt_len - chosen.hit))
+        self.hits += chosen.hit > 0
+        return d
+
+
+def test_the_views_unprefilled_is_the_new_tokens_still_waiting_for_a_first_token() -> None:
+    spy = _UnprefilledSpy()
+    spy.cluster = Cluster(replace(SMALL, instances=2), spy, math.inf)
+    spy.cluster.run(_sessions(6, 3, gap_s=0.05))
+    assert spy.nonzero > 0  # turns arrive while others wait for their prefill
+    assert spy.hits > 0  # and some counted less than their prompt
