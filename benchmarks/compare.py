@@ -86,11 +86,12 @@ class RouterDef:
 
 
 # the policies whose decisions say whether a follow-up stayed with its holder
-STICKY_POLICIES = ("smetric", "smetric-paper")
+STICKY_POLICIES = ("smetric", "smetric-paper", "smetric-ftwork")
 
 ROUTERS: dict[str, RouterDef] = {
     "smetric": RouterDef("smetric", "smetric"),
     "smetric/smetric-paper": RouterDef("smetric", "smetric-paper"),
+    "smetric/smetric-ftwork": RouterDef("smetric", "smetric-ftwork"),
     "smetric/bailian": RouterDef("smetric", "bailian"),
     "smetric/lmetric": RouterDef("smetric", "lmetric"),
     "smetric/lmetric-inflight": RouterDef("smetric", "lmetric-inflight"),
