@@ -502,7 +502,7 @@ class _HeldHeaders(web.StreamResponse):
 def new_tokens(routed: Routed, url: str) -> int:
     """The prompt tokens the worker has to prefill for this request, as its decision saw them."""
     seen = routed.view.worker(url)
-    return routed.features.prompt_len - (seen.hit if seen is not None else 0)
+    return max(routed.features.prompt_len - (seen.hit if seen is not None else 0), 0)
 
 
 def note_cut(

@@ -190,8 +190,8 @@ class PrefillShare:
     __slots__ = ("_tokens", "_worker")
 
     def __init__(self, worker: Worker, tokens: int) -> None:
-        self._worker, self._tokens = worker, max(tokens, 0)
-        worker.unprefilled += self._tokens
+        self._worker, self._tokens = worker, tokens
+        worker.unprefilled += tokens
 
     def done(self) -> None:
         self._worker.unprefilled -= self._tokens

@@ -208,7 +208,7 @@ class Cluster:
         self._seq = 0
         self._load = [0] * cfg.instances
         self._unprefilled = [0] * cfg.instances
-        self._share: dict[int, tuple[int, int]] = {}  # request -> (instance, its new tokens)
+        self._share: dict[int, int] = {}  # request -> its new tokens, until its first token
         self._records: list[RequestRecord] = []
         self._windows: list[list[float]] = []
 
@@ -286,8 +286,7 @@ class Cluster:
             rec = records[int(rid)]
             if rec.first_token < 0:
                 rec.first_token = t
-                idx, new = self._share.pop(int(rid))
-                self._unprefilled[idx] -= new
+                self._unprefilled[inst.idx] -= self._share.pop(int(rid))
         for rid in res.finished:
             records[int(rid)].finish = t
             self._load[inst.idx] -= 1
@@ -336,7 +335,7 @@ class Cluster:
             self._load[idx] += 1
             new = max(req.input_len - hit, 0)
             self._unprefilled[idx] += new
-            self._share[n] = (idx, new)
+            self._share[n] = new
             self._dispatch(
                 self.instances[idx],
                 EngineRequest(str(n), [], [], hashes, req.input_len, max(req.output_len, 1)),
