@@ -77,8 +77,9 @@ class WorkerView:
     text_match / text_tree_size: the approximate text tree of the `cache_aware` baseline (chars).
     unprefilled: colocated workers: prompt tokens routed to this instance whose first token has
         not come back yet, each request counting its prompt minus the hit the view showed when it
-        was routed (a non-streamed request counts until its answer); the router's own count, not
-        synced between replicas. 0 for PD instances, whose load is already counted in tokens.
+        was routed (a non-streamed request counts until its answer); this router's count plus the
+        syncing replicas', plus what the worker's fresh report of its waiting queue holds beyond
+        them (router/workers.py). 0 for PD instances, whose load is already counted in tokens.
     breaker_open: the worker's circuit takes no request now (open, or half-open with its probes
         all in flight; smetric_router/breaker/), though it may pass its health checks.
     """

@@ -11,7 +11,8 @@ Each replica publishes a snapshot of its own counts when they change (checked ev
 message is corrected by the next, and a restarted replica (a new id) starts from nothing. A peer
 not heard for `expire_s` stops counting; the workers' reports then cover whatever it still has in
 flight, as they cover any router that does not sync. The counts enter the load rule beside the
-router's own (router/workers.py).
+router's own (router/workers.py). A colocated worker's unprefilled tokens (what `smetric-ftwork`
+places first turns by) travel the same way, beside its request count.
 
 The same snapshots carry what each replica's rate limits let through per tenant since it
 started (admission/buckets.py: RateLimiter.spent), and each replica charges a peer's increments
@@ -21,14 +22,18 @@ charged; one first heard later (this replica started after it) is a baseline onl
 spent before is already paid back in its own buckets or long refilled here.
 
 Wire: ZeroMQ PUB/SUB, one msgpack array per snapshot: [version, replica id, seq, {url: count},
-{tenant: [requests, tokens]}].
+{tenant: [requests, tokens]}, {url: unprefilled tokens}]. Fields are only ever appended: a replica
+reads a shorter array with the missing ones empty and ignores trailing ones it does not know, so
+replicas one release apart still share what both know; `version` changes only when a field's
+meaning does.
 Every replica subscribes to every endpoint it is given, its own included (it skips its own id),
 so all replicas can be given the same list. Counts for a URL a replica does not serve are
 ignored: a forged message can skew load between configured workers, never route elsewhere.
 
-Invariants: a worker's `peers` is the sum over fresh peers of their last snapshot's count for its
-URL, 0 when none has it; nothing here touches the router's own counts; a peer's spending is
-charged here once per increment (snapshots are cumulative, so a lost one is folded into the next).
+Invariants: a worker's `peers` (and `unprefilled_peers`) is the sum over fresh peers of their last
+snapshot's count for its URL, 0 when none has it; nothing here touches the router's own counts; a
+peer's spending is charged here once per increment (snapshots are cumulative, so a lost one is
+folded into the next).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from prometheus_client.registry import Collector
 
 from smetric_router.admission.buckets import RateLimiter
 from smetric_router.core.tasks import cancel_and_wait
-from smetric_router.router.workers import Worker
+from smetric_router.router.workers import Role, Worker
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,7 @@ class Snapshot(msgspec.Struct, array_like=True, frozen=True):
     seq: int
     counts: dict[str, int]
     spent: dict[str, tuple[float, float]] = {}
+    unprefilled: dict[str, int] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +87,7 @@ class _Peer:
     counts: dict[str, int]
     heard_at: float
     spent: dict[str, tuple[float, float]]
+    unprefilled: dict[str, int]
 
 
 class ReplicaSync:
@@ -100,7 +107,9 @@ class ReplicaSync:
         self._clock = clock
         self._peers: dict[str, _Peer] = {}
         self._seq = 0
-        self._sent: tuple[dict[str, int], dict[str, tuple[float, float]]] | None = None
+        self._sent: tuple[dict[str, int], dict[str, tuple[float, float]], dict[str, int]] | None = (
+            None
+        )
         self._sent_at = 0.0
         self._decoder = msgspec.msgpack.Decoder(Snapshot)
         self._encoder = msgspec.msgpack.Encoder()
@@ -153,14 +162,18 @@ class ReplicaSync:
 
     def snapshot(self) -> bytes | None:
         """The next message to send, or None when nothing changed since the last heartbeat."""
-        counts = {w.url: w.own for w in self._workers()}
+        workers = list(self._workers())
+        counts = {w.url: w.own for w in workers}
+        unprefilled = {w.url: w.unprefilled for w in workers if w.role is Role.WORKER}
         spent = self._limits.spent() if self._limits is not None else {}
         now = self._clock()
-        if (counts, spent) == self._sent and now - self._sent_at < self.config.heartbeat_s:
+        state = (counts, spent, unprefilled)
+        if state == self._sent and now - self._sent_at < self.config.heartbeat_s:
             return None
         self._seq += 1
-        self._sent, self._sent_at = (counts, spent), now
-        return self._encoder.encode(Snapshot(VERSION, self.replica, self._seq, counts, spent))
+        self._sent, self._sent_at = state, now
+        snap = Snapshot(VERSION, self.replica, self._seq, counts, spent, unprefilled)
+        return self._encoder.encode(snap)
 
     def receive(self, message: bytes) -> None:
         """Take a peer's snapshot (a malformed one is counted and dropped)."""
@@ -181,7 +194,8 @@ class ReplicaSync:
             return  # older than what we hold
         if peer is not None or snap.seq == 1:
             self._charge(peer.spent if peer is not None else {}, snap.spent)
-        self._peers[snap.replica] = _Peer(snap.seq, snap.counts, self._clock(), snap.spent)
+        now = self._clock()
+        self._peers[snap.replica] = _Peer(snap.seq, snap.counts, now, snap.spent, snap.unprefilled)
         self._fold()
 
     def _charge(
@@ -211,6 +225,8 @@ class ReplicaSync:
     def _fold(self) -> None:
         for w in self._workers():
             w.peers = sum(p.counts.get(w.url, 0) for p in self._peers.values())
+            if w.role is Role.WORKER:
+                w.unprefilled_peers = sum(p.unprefilled.get(w.url, 0) for p in self._peers.values())
 
     async def _send_loop(self) -> None:
         assert self._pub is not None

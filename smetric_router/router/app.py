@@ -386,6 +386,7 @@ class RouterState:
                     inflight_pages=self.inflight.pages(w.url)
                     if self.inflight is not None and w.role is not Role.DECODE
                     else None,
+                    unprefilled=w.unprefilled_load(now, max_age) if w.role is Role.WORKER else None,
                 )
             )
         return out

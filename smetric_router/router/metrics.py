@@ -35,6 +35,7 @@ class WorkerSample:
     kv_decode_errors: int = 0
     kv_stalls: int = 0
     inflight_pages: int | None = None  # None: no in-flight prefix view (or a decode worker)
+    unprefilled: int | None = None  # None: a PD instance (its load is counted in tokens)
 
 
 class _WorkerCollector(Collector):
@@ -85,6 +86,13 @@ class _WorkerCollector(Collector):
             "router counts as held there before their KV events arrive",
             labels=["worker"],
         )
+        unprefilled = GaugeMetricFamily(
+            "smetric_worker_unprefilled_tokens",
+            "Colocated worker: prompt tokens routed there and not yet prefilled (no first token "
+            "back), as smetric-ftwork sees them: this router's, its syncing replicas', and what "
+            "the worker reports waiting beyond those",
+            labels=["worker"],
+        )
         for s in self._sample():
             healthy.add_metric([s.url], 1.0 if s.healthy else 0.0)
             inflight.add_metric([s.url], s.inflight)
@@ -97,7 +105,10 @@ class _WorkerCollector(Collector):
                 stalls.add_metric([s.url], s.kv_stalls)
             if s.inflight_pages is not None:
                 pending.add_metric([s.url], s.inflight_pages)
-        return [healthy, inflight, load, connected, resets, gaps, decode_errors, stalls, pending]
+            if s.unprefilled is not None:
+                unprefilled.add_metric([s.url], s.unprefilled)
+        families = [healthy, inflight, load, unprefilled, connected, resets, gaps, decode_errors]
+        return [*families, stalls, pending]
 
 
 @dataclass(frozen=True, slots=True)

@@ -411,7 +411,7 @@ class Router:
                     url=w.url,
                     load=w.load(now, max_age),
                     running=w.running(now, max_age),
-                    unprefilled=w.unprefilled,
+                    unprefilled=w.unprefilled_load(now, max_age),
                     hit=local_hit,
                     gpu_hit=gpu_hit,
                     l3_hit=l3 if w.l3 else 0,

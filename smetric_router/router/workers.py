@@ -20,12 +20,14 @@ than three poll intervals (or from a failed poll) is ignored. What is counted de
 - PD decode: KV tokens in use; own = prompt tokens of requests in flight; reported =
   num_used_tokens.
 
-Unprefilled tokens (WorkerView.unprefilled), colocated workers only: the router's own count of
-the prompt tokens it has routed to the worker and not yet seen a first token of, each request
-adding its prompt minus the hit its decision saw (PrefillShare). A stream's first body byte ends a
-request's share; a non-streamed request holds it until its answer, the first byte the router sees
-of it. Neither synced between replicas nor corrected by a report: another router's requests are
-not in it.
+Unprefilled tokens (WorkerView.unprefilled), colocated workers only, by the same rule: own = the
+prompt tokens this router has routed to the worker and not yet seen a first token of, each request
+adding its prompt minus the hit its decision saw (PrefillShare); a stream's first body byte ends a
+request's share, a non-streamed request holds it until its answer, the first byte the router sees
+of it. peers = the syncing replicas' own counts; reported = num_waiting_uncached_tokens. SGLang
+counts only its waiting queue there, not a prompt in (chunked) prefill, so the report undercounts
+what a router's own count holds and the foreign share it adds is a lower bound: enough to see a
+router that does not sync queueing prompts on a worker, never a double count of ours.
 
 Running batch (WorkerView.running, LMetric's batch size): a colocated worker's reported
 num_running_reqs as it stands in the last fresh report, with no own count mixed in, since the
@@ -118,13 +120,16 @@ class Worker:
     health_passes: int = 0
     inflight: int = 0
     tokens: int = 0  # PD: the router's own token count (see the load rule above)
-    unprefilled: int = 0  # colocated: see "Unprefilled tokens" above
+    unprefilled: int = 0  # colocated: the own count of "Unprefilled tokens" above
     reported_load: float | None = None
     reported_running: int | None = None  # colocated: num_running_reqs of the last report
     reported_at: float = 0.0
     own_at_report: int = 0
     peers: int = 0  # the syncing replicas' counts, in own's unit (replicas/sync.py)
     peers_at_report: int = 0
+    unprefilled_peers: int = 0  # colocated: the syncing replicas' unprefilled tokens
+    reported_unprefilled: float | None = None  # colocated: num_waiting_uncached_tokens
+    unprefilled_at_report: int = 0  # unprefilled + unprefilled_peers when the report arrived
     page_size: int | None = None
     models: frozenset[str] = frozenset()
     context_length: int | None = None  # the model's, from /v1/models (max_model_len)
@@ -148,10 +153,16 @@ class Worker:
         return self.inflight if self.role is Role.WORKER else self.tokens
 
     def load(self, now: float, max_age: float) -> float:
-        seen = self.own + self.peers
-        if self.reported_load is None or now - self.reported_at > max_age:
-            return float(seen)
-        return seen + max(0.0, self.reported_load - self.own_at_report - self.peers_at_report)
+        fresh = now - self.reported_at <= max_age
+        at_report = self.own_at_report + self.peers_at_report
+        return _with_foreign(self.own + self.peers, self.reported_load, at_report, fresh)
+
+    def unprefilled_load(self, now: float, max_age: float) -> int:
+        """The unprefilled tokens a policy sees: this router's, its peers', the report's rest."""
+        fresh = now - self.reported_at <= max_age
+        seen = self.unprefilled + self.unprefilled_peers
+        report = self.reported_unprefilled
+        return int(_with_foreign(seen, report, self.unprefilled_at_report, fresh))
 
     def running(self, now: float, max_age: float) -> int | None:
         if self.role is not Role.WORKER or now - self.reported_at > max_age:
@@ -176,11 +187,19 @@ class Worker:
         }
         if self.role is Role.WORKER:
             out["unprefilled"] = self.unprefilled
+            out["unprefilled_load"] = self.unprefilled_load(now, max_age)
         else:
             out["tokens"] = self.tokens
         if self.role is Role.PREFILL:
             out["bootstrap_port"] = self.bootstrap_port
         return out
+
+
+def _with_foreign(seen: int, reported: float | None, seen_at_report: int, fresh: bool) -> float:
+    """What the syncing routers counted, plus the part of a fresh report none of them sent."""
+    if reported is None or not fresh:
+        return float(seen)
+    return seen + max(0.0, reported - seen_at_report)
 
 
 class PrefillShare:
@@ -535,17 +554,21 @@ class WorkerRegistry:
             data = None
         loads = data.get("loads") if isinstance(data, dict) else None
         if not isinstance(loads, list):
-            w.reported_load = w.reported_running = None
+            w.reported_load = w.reported_running = w.reported_unprefilled = None
             return
         field = _REPORTED_TOKENS.get(w.role)
         total = 0.0
         running: int | None = None
+        uncached: int | None = None
         for entry in loads:
             if not isinstance(entry, dict):
                 continue
             n = entry.get("num_running_reqs")
             if isinstance(n, int) and not isinstance(n, bool):
                 running = (running or 0) + n
+            u = entry.get("num_waiting_uncached_tokens")
+            if isinstance(u, int) and not isinstance(u, bool):
+                uncached = (uncached or 0) + u
             if field is None:
                 total += float(entry.get("num_running_reqs") or 0)
                 total += float(entry.get("num_waiting_reqs") or 0)
@@ -553,6 +576,8 @@ class WorkerRegistry:
                 total += float(entry.get(field) or 0)
         w.reported_load = total
         w.reported_running = running
+        w.reported_unprefilled = uncached if w.role is Role.WORKER else None
         w.reported_at = time.monotonic()
         w.own_at_report = w.own
         w.peers_at_report = w.peers
+        w.unprefilled_at_report = w.unprefilled + w.unprefilled_peers

@@ -42,10 +42,8 @@ async def workers_view(http: aiohttp.ClientSession, url: str) -> dict[str, dict[
     each time: under --processes, any process may answer)."""
     async with http.get(url + "/workers", headers={"Connection": "close"}) as r:
         assert r.status == 200, await r.text()
-        return {
-            w["url"]: {"peers": int(w["peers"]), "load": int(w["load"])}
-            for w in (await r.json())["workers"]
-        }
+        keys = ("peers", "load", "unprefilled", "unprefilled_load")
+        return {w["url"]: {k: int(w[k]) for k in keys} for w in (await r.json())["workers"]}
 
 
 async def peers_heard(url: str, n: int) -> bool:
@@ -73,11 +71,17 @@ async def test_a_replica_places_a_first_turn_by_what_another_has_in_flight(
         await eventually(lambda: sum(len(w.bodies) for w in stalled) == 1, "a's request held")
         (held,) = [w for w in stalled if w.bodies]
 
+        # its prompt, held before its first token, is unprefilled at a and, through the sync, at b
+        sent = (await workers_view(http, a))[held.url]["unprefilled"]
+        assert sent > 0
+
         async def b_sees_it() -> bool:
             view = await workers_view(http, b)
-            return view[held.url]["peers"] == 1 and view[held.url]["load"] == 1
+            return (view[held.url]["peers"], view[held.url]["load"]) == (1, 1) and view[held.url][
+                "unprefilled_load"
+            ] == sent
 
-        await eventually(b_sees_it, "replica b to count a's request on its worker")
+        await eventually(b_sees_it, "replica b to count a's request and its prompt on its worker")
         second = asyncio.create_task(http.post(b + "/v1/chat/completions", json=chat(2)))
         await eventually(lambda: sum(len(w.bodies) for w in stalled) == 2, "b's request held")
         assert [len(w.bodies) for w in stalled] == [1, 1]  # b went to the other worker
@@ -88,7 +92,8 @@ async def test_a_replica_places_a_first_turn_by_what_another_has_in_flight(
                 assert r.status == 200
 
         async def b_forgets_it() -> bool:
-            return (await workers_view(http, b))[held.url]["peers"] == 0
+            view = (await workers_view(http, b))[held.url]
+            return (view["peers"], view["unprefilled_load"]) == (0, 0)
 
         await eventually(b_forgets_it, "a's finished request to stop counting in b")
 
@@ -140,10 +145,14 @@ async def test_processes_replicas_see_one_load(stalled: list[FakeWorker], tmp_pa
         (held,) = [w for w in stalled if w.bodies]
 
         async def twelve_agree() -> bool:
+            seen = set()
             for _ in range(12):
-                if (await workers_view(http, url))[held.url]["load"] != 1:
-                    return False
-            return True
+                view = (await workers_view(http, url))[held.url]
+                seen.add((view["load"], view["unprefilled_load"]))
+            if len(seen) != 1:
+                return False
+            load, unprefilled = seen.pop()
+            return load == 1 and unprefilled > 0  # its prompt waits for a first token
 
         await eventually(twelve_agree, "every process to count the held request")
         held.release.set()

@@ -122,3 +122,55 @@ def test_pd_instances_share_their_own_unit() -> None:
     assert m is not None
     me.receive(m)
     assert mine[0].peers == 4096
+
+
+def test_a_peers_unprefilled_tokens_count_on_the_same_colocated_worker() -> None:
+    mine, theirs, me, peer, _ = pair()
+    theirs[1].unprefilled = 700
+    m = peer.snapshot()
+    assert m is not None
+    me.receive(m)
+    assert [w.unprefilled_peers for w in mine] == [0, 700]
+    assert [w.unprefilled_load(now=0.0, max_age=1.0) for w in mine] == [0, 700]
+    assert [w.unprefilled for w in mine] == [0, 0]  # the own count is left alone
+    theirs[1].unprefilled = 0  # its first token came back
+    m = peer.snapshot()
+    assert m is not None
+    me.receive(m)
+    assert mine[1].unprefilled_load(now=0.0, max_age=1.0) == 0
+
+
+def test_a_peer_one_release_behind_still_shares_its_request_counts() -> None:
+    """A snapshot without the trailing unprefilled field (the previous wire) decodes as none."""
+    clock = FakeClock()
+    mine = [Worker(A)]
+    me = replica(mine, clock)
+    old = msgspec.msgpack.encode([VERSION, "older-replica", 1, {A: 2}, {}])
+    me.receive(old)
+    assert (mine[0].peers, mine[0].unprefilled_peers, me.malformed) == (2, 0, 0)
+
+
+def test_the_report_adds_only_the_uncached_tokens_no_syncing_router_sent() -> None:
+    w = Worker(A)
+    w.unprefilled, w.unprefilled_peers = 300, 200
+    # the poll's bookkeeping, as WorkerRegistry._poll_one does it
+    w.reported_unprefilled, w.reported_at = 900.0, 10.0
+    w.unprefilled_at_report = w.unprefilled + w.unprefilled_peers
+    assert w.unprefilled_load(now=10.0, max_age=1.0) == 900  # 300 + 200 + 400 from elsewhere
+    w.unprefilled = 0  # ours got its first token before the next report
+    assert w.unprefilled_load(now=10.0, max_age=1.0) == 600
+    w.reported_unprefilled = 100.0  # SGLang's waiting queue only: less than ours, no negative rest
+    assert w.unprefilled_load(now=10.0, max_age=1.0) == 200
+    assert w.unprefilled_load(now=12.0, max_age=1.0) == 200  # a stale report adds nothing
+
+
+def test_pd_instances_carry_no_unprefilled_share() -> None:
+    clock = FakeClock()
+    mine, theirs = [Worker(A, role=Role.PREFILL)], [Worker(A, role=Role.PREFILL)]
+    me, peer = replica(mine, clock), replica(theirs, clock)
+    theirs[0].tokens, theirs[0].unprefilled = 4096, 10  # only tokens is a prefill's count
+    m = peer.snapshot()
+    assert m is not None
+    assert msgspec.msgpack.decode(m, type=Snapshot).unprefilled == {}
+    me.receive(m)
+    assert (mine[0].peers, mine[0].unprefilled_peers) == (4096, 0)

@@ -42,6 +42,7 @@ class FakeWorker:
         self.healthy = True
         self.running_reqs = 0
         self.waiting_reqs = 0
+        self.waiting_uncached_tokens: int | None = None  # /v1/loads leaves it out while None
         self.flushes = 0
         self.server: TestServer | None = None
 
@@ -83,6 +84,8 @@ class FakeWorker:
     async def _loads(self, request: web.Request) -> web.Response:
         entry = {"dp_rank": 0, "num_running_reqs": self.running_reqs}
         entry["num_waiting_reqs"] = self.waiting_reqs
+        if self.waiting_uncached_tokens is not None:
+            entry["num_waiting_uncached_tokens"] = self.waiting_uncached_tokens
         return web.json_response({"loads": [entry]})
 
     async def _flush(self, request: web.Request) -> web.Response:

@@ -88,3 +88,41 @@ async def test_a_non_streamed_request_counts_until_its_answer_and_an_error_gives
         a.fail_next = 1  # a 503 before any byte, and no other worker to retry on
         assert (await post(http, url, {"input_ids": ids(5, 48)}))[0] == 503
         assert (worker.inflight, worker.unprefilled) == (0, 0)
+
+
+async def test_a_workers_report_adds_the_uncached_tokens_other_routers_queued_there(
+    make_worker: MakeWorker, make_router: MakeRouter
+) -> None:
+    a, b = await make_worker("a"), await make_worker("b")
+    a.stall = True
+    router = await make_router([a.url, b.url], hits=KvIndex(), policy="smetric-ftwork")
+    registry = router.state.registry
+    wa, wb = registry.workers[a.url], registry.workers[b.url]
+    b.waiting_uncached_tokens = 5000  # prompts another router sent, waiting for their prefill
+    await registry.poll_loads()
+    first = router.state.router.features.from_generate({"input_ids": ids(6, 64)})
+    for _ in range(4):
+        d = router.state.router.route(first, None).decision
+        assert (d.worker, d.reason) == (a.url, "first-turn-balance")
+
+    async with aiohttp.ClientSession() as http:
+        url = router.url + "/generate"
+        pending = asyncio.create_task(post(http, url, {"input_ids": ids(7, 120), "stream": True}))
+        await eventually(lambda: wa.unprefilled == 120, "the request held at a")
+        a.waiting_uncached_tokens = 120  # a reports our own waiting prompt: nothing foreign
+        await registry.poll_loads()
+        async with http.get(router.url + "/workers") as resp:
+            shown = {w["url"]: w["unprefilled_load"] for w in (await resp.json())["workers"]}
+        assert shown == {a.url: 120, b.url: 5000}
+        async with http.get(router.url + "/metrics") as resp:
+            metrics = await resp.text()
+        assert f'smetric_worker_unprefilled_tokens{{worker="{b.url}"}} 5000.0' in metrics
+        assert router.state.router.route(first, None).decision.worker == a.url
+
+        b.waiting_uncached_tokens = 0  # the other router's prompts were prefilled
+        await registry.poll_loads()
+        assert wb.unprefilled_load(now=wb.reported_at, max_age=1.0) == 0
+        assert router.state.router.route(first, None).decision.worker == b.url
+        a.stall = False
+        a.release.set()
+        assert (await pending)[0] == 200
