@@ -107,8 +107,8 @@ class _WorkerCollector(Collector):
                 pending.add_metric([s.url], s.inflight_pages)
             if s.unprefilled is not None:
                 unprefilled.add_metric([s.url], s.unprefilled)
-        families = [healthy, inflight, load, unprefilled, connected, resets, gaps, decode_errors]
-        return [*families, stalls, pending]
+        gauges = [healthy, inflight, load, unprefilled, connected, pending]
+        return [*gauges, resets, gaps, decode_errors, stalls]
 
 
 @dataclass(frozen=True, slots=True)
