@@ -988,16 +988,33 @@ def setup_from(a: argparse.Namespace) -> Setup:
     return s
 
 
+def cluster_spec(a: argparse.Namespace, setup: Setup) -> ClusterSpec:
+    """The cluster to run: --config's, with the worker flags given on the command line applied
+    over it (an emulated-worker flag on real workers is an error, not silently dropped)."""
+    if not a.config:
+        return default_spec(setup)
+    spec = load_spec(a.config)
+    workers = spec.workers
+    if a.workers:
+        workers = replace(workers, count=a.workers)
+    emulated_only = {"--gpu-kv-tokens": a.gpu_kv_tokens, "--speedup": a.speedup}
+    given = [flag for flag, v in emulated_only.items() if v is not None]
+    if given and workers.kind != "emulated":
+        raise SystemExit(f"{', '.join(given)}: only for emulated workers ({a.config} has "
+                         f"{workers.kind} workers)")  # fmt: skip
+    if a.gpu_kv_tokens is not None:
+        workers = replace(workers, extra_args=(*workers.extra_args, "--gpu-kv-tokens",
+                                               str(a.gpu_kv_tokens)))  # fmt: skip
+    if a.speedup is not None:
+        workers = replace(workers, speedup=a.speedup)
+    return replace(spec, workers=workers)
+
+
 def main(argv: Sequence[str] | None = None) -> list[Run]:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     setup = setup_from(a)
-    spec = load_spec(a.config) if a.config else default_spec(setup)
-    if a.config and a.workers:
-        spec = replace(spec, workers=replace(spec.workers, count=a.workers))
-    if a.config and a.gpu_kv_tokens and spec.workers.kind == "emulated":
-        extra = (*spec.workers.extra_args, "--gpu-kv-tokens", str(a.gpu_kv_tokens))
-        spec = replace(spec, workers=replace(spec.workers, extra_args=extra))
+    spec = cluster_spec(a, setup)
     if spec.workers.kind == "sglang":  # the cached share comes from the workers' counters
         spec = replace(spec, sglang=replace(spec.sglang, metrics=True))
     work = a.work_dir / (a.tag or ("smoke" if a.smoke else "quick" if a.quick else "full"))

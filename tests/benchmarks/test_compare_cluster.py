@@ -1,0 +1,35 @@
+"""The cluster benchmarks.compare runs: a --config's, with the worker flags applied over it."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.compare import build_parser, cluster_spec, setup_from
+from smetric_router.launch.spec import ClusterSpec
+
+MOONCAKE = "launch/emulated-mooncake.yaml"
+
+
+def spec_for(*argv: str) -> ClusterSpec:
+    a = build_parser().parse_args(list(argv))
+    return cluster_spec(a, setup_from(a))
+
+
+def test_worker_flags_apply_over_a_config() -> None:
+    plain = spec_for("--config", MOONCAKE)
+    given = spec_for("--config", MOONCAKE, "--workers", "8", "--speedup", "0.5",
+                     "--gpu-kv-tokens", "50000")  # fmt: skip
+    assert plain.workers.speedup == 1.0
+    assert (given.workers.count, given.workers.speedup) == (8, 0.5)
+    assert given.workers.extra_args[-2:] == ("--gpu-kv-tokens", "50000")
+    assert given.mooncake is not None and given.mooncake == plain.mooncake  # the rest stays
+
+
+def test_an_emulated_flag_on_real_workers_is_an_error() -> None:
+    with pytest.raises(SystemExit, match="--speedup: only for emulated workers"):
+        spec_for("--config", "launch/sglang-cpu.yaml", "--speedup", "2")
+
+
+def test_without_a_config_the_flags_make_the_cluster() -> None:
+    spec = spec_for("--workers", "3", "--speedup", "2")
+    assert (spec.workers.kind, spec.workers.count, spec.workers.speedup) == ("emulated", 3, 2.0)
