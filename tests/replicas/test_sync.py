@@ -21,6 +21,13 @@ def pair() -> tuple[list[Worker], list[Worker], ReplicaSync, ReplicaSync, FakeCl
     return mine, theirs, replica(mine, clock), replica(theirs, clock), clock
 
 
+def hand_over(src: ReplicaSync, dst: ReplicaSync) -> None:
+    """src's next snapshot, received by dst."""
+    message = src.snapshot()
+    assert message is not None
+    dst.receive(message)
+
+
 def test_a_peers_dispatch_counts_on_the_same_worker() -> None:
     mine, theirs, me, peer, _ = pair()
     theirs[0].inflight = 3
@@ -113,30 +120,28 @@ def test_the_report_adds_only_what_neither_this_replica_nor_its_peers_sent() -> 
     assert w.load(now=12.0, max_age=1.0) == 1.0  # a stale report adds nothing
 
 
-def test_pd_instances_share_their_own_unit() -> None:
+def test_pd_instances_share_their_own_unit_and_no_unprefilled_share() -> None:
     clock = FakeClock()
     mine, theirs = [Worker(A, role=Role.PREFILL)], [Worker(A, role=Role.PREFILL)]
     me, peer = replica(mine, clock), replica(theirs, clock)
     theirs[0].tokens = 4096  # unprefilled tokens, not requests
+    theirs[0].unprefilled = 10  # a colocated worker's count: never a prefill's
     m = peer.snapshot()
     assert m is not None
+    assert msgspec.msgpack.decode(m, type=Snapshot).unprefilled == {}
     me.receive(m)
-    assert mine[0].peers == 4096
+    assert (mine[0].peers, mine[0].unprefilled_peers) == (4096, 0)
 
 
 def test_a_peers_unprefilled_tokens_count_on_the_same_colocated_worker() -> None:
     mine, theirs, me, peer, _ = pair()
     theirs[1].unprefilled = 700
-    m = peer.snapshot()
-    assert m is not None
-    me.receive(m)
+    hand_over(peer, me)
     assert [w.unprefilled_peers for w in mine] == [0, 700]
     assert [w.unprefilled_load(now=0.0, max_age=1.0) for w in mine] == [0, 700]
     assert [w.unprefilled for w in mine] == [0, 0]  # the own count is left alone
     theirs[1].unprefilled = 0  # its first token came back
-    m = peer.snapshot()
-    assert m is not None
-    me.receive(m)
+    hand_over(peer, me)
     assert mine[1].unprefilled_load(now=0.0, max_age=1.0) == 0
 
 
@@ -162,15 +167,3 @@ def test_the_report_adds_only_the_uncached_tokens_no_syncing_router_sent() -> No
     w.reported_unprefilled = 100.0  # SGLang's waiting queue only: less than ours, no negative rest
     assert w.unprefilled_load(now=10.0, max_age=1.0) == 200
     assert w.unprefilled_load(now=12.0, max_age=1.0) == 200  # a stale report adds nothing
-
-
-def test_pd_instances_carry_no_unprefilled_share() -> None:
-    clock = FakeClock()
-    mine, theirs = [Worker(A, role=Role.PREFILL)], [Worker(A, role=Role.PREFILL)]
-    me, peer = replica(mine, clock), replica(theirs, clock)
-    theirs[0].tokens, theirs[0].unprefilled = 4096, 10  # only tokens is a prefill's count
-    m = peer.snapshot()
-    assert m is not None
-    assert msgspec.msgpack.decode(m, type=Snapshot).unprefilled == {}
-    me.receive(m)
-    assert (mine[0].peers, mine[0].unprefilled_peers) == (4096, 0)
