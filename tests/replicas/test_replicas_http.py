@@ -76,10 +76,8 @@ async def test_a_replica_places_a_first_turn_by_what_another_has_in_flight(
         assert sent > 0
 
         async def b_sees_it() -> bool:
-            view = await workers_view(http, b)
-            return (view[held.url]["peers"], view[held.url]["load"]) == (1, 1) and view[held.url][
-                "unprefilled_load"
-            ] == sent
+            view = (await workers_view(http, b))[held.url]
+            return (view["peers"], view["load"], view["unprefilled_load"]) == (1, 1, sent)
 
         await eventually(b_sees_it, "replica b to count a's request and its prompt on its worker")
         second = asyncio.create_task(http.post(b + "/v1/chat/completions", json=chat(2)))
