@@ -60,6 +60,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.process_cost import tree_cpu_rss
 from smetric_router.core.prometheus import readable_samples, total
 from smetric_router.launch import ClusterSpec, Stack, WorkerSpec, free_port, load_spec, router_args
 from smetric_router.launch.kinds.sglang import (
@@ -162,6 +163,13 @@ class Run:
     turns: tuple[int, ...] = ()  # the conversations' lengths, in the dataset's (= replay) order
     tool_calls: dict[str, Any] = field(default_factory=dict)  # --agent: the loadgen check
     draw: int = 1  # bench_serving's --seed
+    router_cpu_s: float | None = None  # the router's process tree while bench_serving ran
+
+    @property
+    def router_cpu_ms(self) -> float | None:
+        """The router's CPU time (user+system, all its processes) per completed request."""
+        done = self.result.get("completed", 0)
+        return None if self.router_cpu_s is None or not done else 1e3 * self.router_cpu_s / done
 
     @property
     def cached_share(self) -> float | None:
@@ -184,7 +192,8 @@ class Run:
                 "worker_prompt_tokens": self.prompt_tokens,
                 "worker_cached_tokens": self.cached_tokens, "decisions": self.decisions,
                 "command": self.command, "turns": list(self.turns),
-                "tool_calls": self.tool_calls, "draw": self.draw}  # fmt: skip
+                "tool_calls": self.tool_calls, "draw": self.draw,
+                "router_cpu_s": self.router_cpu_s}  # fmt: skip
 
     @property
     def history_hit(self) -> float | None:
@@ -305,16 +314,17 @@ class PortTaken(RuntimeError):
 def router_on_free_port(
     name: str, spec: ClusterSpec, workers: list[str], sglang_py: str, stack: Stack, model: str,
     log: Path, tries: int = 3,
-) -> Iterator[str]:  # fmt: skip
-    """The router on a free loopback port, its URL. Another process can take the port between
-    free_port() and the router's bind (other benchmarks on this machine): then a new port."""
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:  # fmt: skip
+    """The router on a free loopback port: its URL and process. Another process can take the
+    port between free_port() and the router's bind (other benchmarks on this machine): then a
+    new port."""
     for attempt in range(tries):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         try:
             with running(router_argv(name, spec, workers, port, sglang_py, stack), url, model,
-                         log):  # fmt: skip
-                yield url
+                         log) as proc:  # fmt: skip
+                yield url, proc
                 return
         except PortTaken:
             if attempt == tries - 1:
@@ -513,7 +523,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
             slug = slug_of(name, rate, draw)
             router_log = work / f"{slug}.router.log"
             with router_on_free_port(name, spec, workers, sglang_py, stack, model,
-                                     router_log) as url:  # fmt: skip
+                                     router_log) as (url, proc):  # fmt: skip
                 flush(workers, l3)
                 p0, c0 = token_counters(workers)
                 d0 = decisions(url)
@@ -521,9 +531,11 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 out.unlink(missing_ok=True)
                 cmd = bench_argv(sglang_py, url, model, load, setup, rate, out, tok, draw)
                 t0 = time.monotonic()
+                cpu0, _ = tree_cpu_rss(proc.pid)
                 with (work / f"{slug}.bench.log").open("wb") as blog:
                     rc = subprocess.run(cmd, env=bench_env(), stdout=blog,
                                         stderr=subprocess.STDOUT).returncode  # fmt: skip
+                cpu1, _ = tree_cpu_rss(proc.pid)
                 if rc != 0 or not out.exists():
                     raise RuntimeError(f"bench_serving failed ({rc}); see {work}/{slug}.bench.log")
                 p1, c1 = token_counters(workers)
@@ -544,6 +556,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 load.turns,
                 calls,
                 draw,
+                cpu1 - cpu0,
             )
             runs.append(run)
             (work / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
@@ -551,8 +564,8 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 f"{result['duration']:.1f} s (wall {time.monotonic() - t0:.0f} s), "
                 f"goodput {result.get('request_goodput', 0):.2f} req/s, TTFT p90 "
                 f"{result['p90_ttft_ms']:.0f} ms, cached {_pct(run.cached_share)}, history hit "
-                f"{_pct(run.history_hit)}, "
-                f"sticky {_pct(run.stickiness)}")  # fmt: skip
+                f"{_pct(run.history_hit)}, sticky {_pct(run.stickiness)}, "
+                f"router CPU {_ms(run.router_cpu_ms)} ms/req")  # fmt: skip
     finally:
         stack.stop()
     return runs
@@ -591,7 +604,8 @@ def stored_run(work: Path, name: str, rate: float, draw: int) -> Run | None:
     result = json.loads(out.read_text().splitlines()[-1])
     return Run(name, rate, result, side["worker_prompt_tokens"], side["worker_cached_tokens"],
                side["decisions"], side["command"], tuple(side["turns"]),
-               side.get("tool_calls") or {}, side.get("draw", 1))  # fmt: skip
+               side.get("tool_calls") or {}, side.get("draw", 1),
+               side.get("router_cpu_s"))  # fmt: skip
 
 
 def load_runs(setup: Setup, work: Path) -> list[Run]:
@@ -610,6 +624,10 @@ def load_runs(setup: Setup, work: Path) -> list[Run]:
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
 
 
 def _values(runs: list[Run], name: str, rate: float, key: str) -> list[float]:
@@ -663,8 +681,9 @@ def draws_lines(runs: list[Run], setup: Setup) -> list[str]:
         f"Over {setup.draws} draws (bench_serving `--seed` 1–{setup.draws}: the conversations' "
         "Poisson start times; the conversations and their order stay), mean [min–max]:",
         "",
-        "| router | rate (conv/s) | goodput (req/s) | in SLO | TTFT p90 (ms) | cached share |",
-        "|---|---|---|---|---|---|",
+        "| router | rate (conv/s) | goodput (req/s) | in SLO | TTFT p90 (ms) | cached share | "
+        "router CPU (ms/req) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in setup.routers:
         for rate in setup.rates:
@@ -672,7 +691,8 @@ def draws_lines(runs: list[Run], setup: Setup) -> list[str]:
                 f"| {name} | {rate:g} | {_spread(_values(runs, name, rate, 'request_goodput'))} | "
                 f"{_spread(_values(runs, name, rate, 'slo_attainment'), '.0f', 100, ' %')} | "
                 f"{_spread(_values(runs, name, rate, 'p90_ttft_ms'), '.0f')} | "
-                f"{_spread(_values(runs, name, rate, 'cached_share'), '.1f', 100, ' %')} |"
+                f"{_spread(_values(runs, name, rate, 'cached_share'), '.1f', 100, ' %')} | "
+                f"{_spread(_values(runs, name, rate, 'router_cpu_ms'), '.1f')} |"
             )
     first, others = setup.routers[0], setup.routers[1:]
     if not others:
@@ -793,7 +813,9 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         "smetric-router's decisions "
         "(`sticky` + `sticky-l3` over all follow-up decisions) for the smetric policy; n/a where "
         "the router does not say (peers; smetric-router's baseline policies only report their own "
-        "name).",
+        "name). Router CPU: user+system seconds of the router's processes (the whole tree, "
+        "psutil) while bench_serving ran, per completed request (n/a for runs kept from before "
+        "it was recorded).",
         "- Emulated workers model H20 timing in real time on this CPU; the router, the workers "
         "and the client share 2 cores, so absolute numbers include their Python overheads."
         if spec.workers.kind == "emulated"
@@ -819,8 +841,8 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         + ("draw | " if setup.draws > 1 else "")
         + "req/s | out tok/s | goodput (req/s) | in SLO | "
         "TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | cached share | "
-        "follow-ups with history cached | stickiness |",
-        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if setup.draws > 1 else ""),
+        "follow-ups with history cached | stickiness | router CPU (ms/req) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if setup.draws > 1 else ""),
     ]
     for r in sorted(runs, key=lambda r: (setup.routers.index(r.router), r.rate, r.draw)):
         x = r.result
@@ -831,7 +853,7 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
             f"{100 * x.get('slo_attainment', 0):.0f} % | {x['median_ttft_ms']:.0f} / "
             f"{x['p90_ttft_ms']:.0f} / {x['p99_ttft_ms']:.0f} | {x['median_tpot_ms']:.1f} / "
             f"{x['p90_tpot_ms']:.1f} / {x['p99_tpot_ms']:.1f} | {_pct(r.cached_share)} | "
-            f"{_pct(r.history_hit)} | {_pct(r.stickiness)} |"
+            f"{_pct(r.history_hit)} | {_pct(r.stickiness)} | {_ms(r.router_cpu_ms)} |"
         )
     lines += ["", "| router | max rate in SLO (conv/s) | goodput at the knee "
               f"({k:g} conv/s) | TTFT p90 at the knee (ms) |", "|---|---|---|---|"]  # fmt: skip

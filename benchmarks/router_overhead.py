@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.process_cost import tree_cpu_rss
 from smetric_router.launch.kinds.sglang import sglang_python
 from smetric_router.launch.ports import free_port
 from smetric_router.launch.spec import SglangSpec
@@ -177,23 +178,6 @@ def _us(text: str) -> float:
     m = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
     assert m, text
     return float(m.group(1)) * {"us": 1.0, "ms": 1e3, "s": 1e6}[m.group(2)]
-
-
-def tree_cpu_rss(pid: int) -> tuple[float, int]:
-    """User+system CPU seconds and RSS bytes of a process and its descendants."""
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(c) for c in children.read_text().split()]
-    ticks, rss = 0, 0
-    for p in pids:
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            ticks += int(stat[11]) + int(stat[12])
-            rss += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * os.sysconf("SC_PAGESIZE")
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return ticks / os.sysconf("SC_CLK_TCK"), rss
 
 
 def measure(t: Target, ports: dict[str, int], seconds: float, work: Path) -> dict[str, float]:

@@ -32,6 +32,8 @@ def test_smallest_comparison_end_to_end(tmp_path: Path) -> None:
         assert r.result["request_goodput"] > 0 and r.result["p90_ttft_ms"] > 0
         # follow-ups re-send their history: the workers served part of every run from cache
         assert r.cached_share is not None and 0 < r.cached_share < 1, r.router
+        # every router's process tree did the proxying: it spent CPU on each request
+        assert r.router_cpu_ms is not None and r.router_cpu_ms > 0, r.router
     smetric = next(r for r in runs if r.router == "smetric")
     assert smetric.stickiness is not None and smetric.decisions.get("first-turn-balance", 0) > 0
     assert all(r.stickiness is None for r in runs if r.router != "smetric")
@@ -43,6 +45,7 @@ def test_smallest_comparison_end_to_end(tmp_path: Path) -> None:
     md = (tmp_path / "compare-smoke.md").read_text()
     for r in runs:
         assert f"| {r.router} | " in md
+        assert f"{r.router_cpu_ms:.1f} |" in md
     assert "Structured tool calls" in md
     for png in ("compare-smoke_goodput.png", "compare-smoke_ttft_cdf.png"):
         assert (tmp_path / png).stat().st_size > 1000

@@ -58,7 +58,8 @@ def test_the_report_gives_the_spread_and_the_ratio_draw_by_draw() -> None:
         Run("smetric/lmetric", 2.0, result(4.0, 5000, 0.8), draw=2),
     ]
     text = "\n".join(draws_lines(runs, SETUP))
-    assert "| smetric | 1 | 9.50 [9.00–10.00] | 100 % [100–100] | 500 [400–600] | n/a |" in text
+    row = "| smetric | 1 | 9.50 [9.00–10.00] | 100 % [100–100] | 500 [400–600] | n/a | n/a |"
+    assert row in text
     # per draw: 10/8 and 9/10; TTFT 400/500 and 600/300
     assert "| 1 | 1.075 [0.900–1.250] | 1.400 [0.800–2.000] |" in text
     # the knee reads the mean of the draws: lmetric's 0.875 at 2 conv/s is out
@@ -72,13 +73,19 @@ def test_draws_below_one_are_refused() -> None:
 
 
 def test_a_stored_run_reads_back_and_a_missing_one_is_said(tmp_path: Path) -> None:
-    run = Run("smetric/lmetric", 1.5, result(7.0, 900), 100, 60, {"sticky": 3.0}, "cmd", (2, 3),
-              draw=2)  # fmt: skip
+    run = Run("smetric/lmetric", 1.5, result(7.0, 900) | {"completed": 40}, 100, 60,
+              {"sticky": 3.0}, "cmd", (2, 3), draw=2, router_cpu_s=2.0)  # fmt: skip
+    assert run.router_cpu_ms == 50.0
     slug = slug_of(run.router, run.rate, run.draw)
     (tmp_path / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
     assert stored_run(tmp_path, run.router, 1.5, 2) is None  # no bench_serving output yet
     (tmp_path / f"{slug}.jsonl").write_text(json.dumps(run.result) + "\n")
     assert stored_run(tmp_path, run.router, 1.5, 2) == run
+    # a sidecar from before router CPU was recorded reads back without it
+    side = run.sidecar()
+    del side["router_cpu_s"]
+    (tmp_path / f"{slug}.run.json").write_text(json.dumps(side))
+    assert stored_run(tmp_path, run.router, 1.5, 2) == replace(run, router_cpu_s=None)
     assert stored_run(tmp_path, run.router, 1.5, 1) is None
     with pytest.raises(SystemExit, match=r"no run of smetric at 1\.5 \(draw 1\)"):
         load_runs(replace(SETUP, routers=("smetric",), rates=(1.5,)), tmp_path)

@@ -1,0 +1,31 @@
+"""What a process tree costs the machine: CPU seconds and resident memory, read with psutil.
+
+A router under test may fork (`--processes N`), and the peers run as one process or a Python
+launcher with children; counting the whole tree makes their costs comparable. A process that
+exits between listing and reading is skipped (its CPU seconds are lost, so a tree whose
+children come and go reads low).
+"""
+
+from __future__ import annotations
+
+import psutil
+
+
+def tree_cpu_rss(pid: int) -> tuple[float, int]:
+    """User+system CPU seconds and RSS bytes of process `pid` and all its descendants; (0, 0)
+    once it is gone."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0, 0
+    cpu, rss = 0.0, 0
+    for p in procs:
+        try:
+            with p.oneshot():
+                t = p.cpu_times()
+                cpu += t.user + t.system
+                rss += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return cpu, rss
