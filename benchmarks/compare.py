@@ -164,6 +164,7 @@ class Run:
     tool_calls: dict[str, Any] = field(default_factory=dict)  # --agent: the loadgen check
     draw: int = 1  # bench_serving's --seed
     router_cpu_s: float | None = None  # the router's process tree while bench_serving ran
+    decide_ms: float | None = None  # smetric-router: mean arrival-to-decision time over the run
 
     @property
     def router_cpu_ms(self) -> float | None:
@@ -193,7 +194,7 @@ class Run:
                 "worker_cached_tokens": self.cached_tokens, "decisions": self.decisions,
                 "command": self.command, "turns": list(self.turns),
                 "tool_calls": self.tool_calls, "draw": self.draw,
-                "router_cpu_s": self.router_cpu_s}  # fmt: skip
+                "router_cpu_s": self.router_cpu_s, "decide_ms": self.decide_ms}  # fmt: skip
 
     @property
     def history_hit(self) -> float | None:
@@ -378,6 +379,8 @@ def token_counters(workers: list[str]) -> tuple[int, int]:
 
 
 def decisions(router_url: str) -> dict[str, float]:
+    """smetric-router's decisions by reason so far, plus the sum and count of its
+    arrival-to-decision times under DECIDE_SUM / DECIDE_COUNT; empty for a peer."""
     status, text = _get(f"{router_url}/metrics")
     out: dict[str, float] = {}
     if status != 200:
@@ -385,7 +388,23 @@ def decisions(router_url: str) -> dict[str, float]:
     for s in readable_samples(text.decode()):
         if s.name == "smetric_decisions_total" and "reason" in s.labels:
             out[s.labels["reason"]] = out.get(s.labels["reason"], 0.0) + s.value
+        elif s.name in (DECIDE_SUM, DECIDE_COUNT):
+            out[s.name] = s.value
     return out
+
+
+DECIDE_SUM, DECIDE_COUNT = "smetric_decision_seconds_sum", "smetric_decision_seconds_count"
+
+
+def split_decisions(
+    before: dict[str, float], after: dict[str, float]
+) -> tuple[dict[str, float], float | None]:
+    """The decisions by reason made between two scrapes, and their mean arrival-to-decision
+    time in ms (None for a router that does not report it)."""
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    total, count = delta.pop(DECIDE_SUM, None), delta.pop(DECIDE_COUNT, None)
+    mean = 1e3 * total / count if total is not None and count else None
+    return delta, mean
 
 
 def bench_env() -> dict[str, str]:
@@ -545,18 +564,20 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                     flush(workers, l3)
                     calls = tool_call_check(url, model, tok, setup.tool_sessions)
             result = json.loads(out.read_text().splitlines()[-1])
+            made, decide_ms = split_decisions(d0, d1)
             run = Run(
                 name,
                 rate,
                 result,
                 p1 - p0,
                 c1 - c0,
-                {k: v - d0.get(k, 0.0) for k, v in d1.items()},
+                made,
                 shlex.join(cmd),
                 load.turns,
                 calls,
                 draw,
                 cpu1 - cpu0,
+                decide_ms,
             )
             runs.append(run)
             (work / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
@@ -565,7 +586,8 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 f"goodput {result.get('request_goodput', 0):.2f} req/s, TTFT p90 "
                 f"{result['p90_ttft_ms']:.0f} ms, cached {_pct(run.cached_share)}, history hit "
                 f"{_pct(run.history_hit)}, sticky {_pct(run.stickiness)}, "
-                f"router CPU {_ms(run.router_cpu_ms)} ms/req")  # fmt: skip
+                f"router CPU {_ms(run.router_cpu_ms)} ms/req, decision "
+                f"{_ms(run.decide_ms)} ms")  # fmt: skip
     finally:
         stack.stop()
     return runs
@@ -605,7 +627,7 @@ def stored_run(work: Path, name: str, rate: float, draw: int) -> Run | None:
     return Run(name, rate, result, side["worker_prompt_tokens"], side["worker_cached_tokens"],
                side["decisions"], side["command"], tuple(side["turns"]),
                side.get("tool_calls") or {}, side.get("draw", 1),
-               side.get("router_cpu_s"))  # fmt: skip
+               side.get("router_cpu_s"), side.get("decide_ms"))  # fmt: skip
 
 
 def load_runs(setup: Setup, work: Path) -> list[Run]:
@@ -815,7 +837,10 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         "the router does not say (peers; smetric-router's baseline policies only report their own "
         "name). Router CPU: user+system seconds of the router's processes (the whole tree, "
         "psutil) while bench_serving ran, per completed request (n/a for runs kept from before "
-        "it was recorded).",
+        "it was recorded). Decision: smetric-router's mean time from a request's arrival to its "
+        "routing decision (body read, features, views, policy; its "
+        "`smetric_decision_seconds`), what it adds before the worker sees the request (n/a for "
+        "the peers, which do not report it).",
         "- Emulated workers model H20 timing in real time on this CPU; the router, the workers "
         "and the client share 2 cores, so absolute numbers include their Python overheads."
         if spec.workers.kind == "emulated"
@@ -841,8 +866,8 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         + ("draw | " if setup.draws > 1 else "")
         + "req/s | out tok/s | goodput (req/s) | in SLO | "
         "TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | cached share | "
-        "follow-ups with history cached | stickiness | router CPU (ms/req) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if setup.draws > 1 else ""),
+        "follow-ups with history cached | stickiness | router CPU (ms/req) | decision (ms) |",
+        "|---" * (13 + (setup.draws > 1)) + "|",
     ]
     for r in sorted(runs, key=lambda r: (setup.routers.index(r.router), r.rate, r.draw)):
         x = r.result
@@ -853,7 +878,8 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
             f"{100 * x.get('slo_attainment', 0):.0f} % | {x['median_ttft_ms']:.0f} / "
             f"{x['p90_ttft_ms']:.0f} / {x['p99_ttft_ms']:.0f} | {x['median_tpot_ms']:.1f} / "
             f"{x['p90_tpot_ms']:.1f} / {x['p99_tpot_ms']:.1f} | {_pct(r.cached_share)} | "
-            f"{_pct(r.history_hit)} | {_pct(r.stickiness)} | {_ms(r.router_cpu_ms)} |"
+            f"{_pct(r.history_hit)} | {_pct(r.stickiness)} | {_ms(r.router_cpu_ms)} | "
+            f"{_ms(r.decide_ms)} |"
         )
     lines += ["", "| router | max rate in SLO (conv/s) | goodput at the knee "
               f"({k:g} conv/s) | TTFT p90 at the knee (ms) |", "|---|---|---|---|"]  # fmt: skip

@@ -20,7 +20,8 @@ def page_keys(prefix: str, digest: bytes, tp_rank: int = 0) -> tuple[str, str]:
 
 def page_stems(prefix: str, digests: bytes, tp_rank: int = 0) -> list[str]:
     """Each full page's key without its `_k`/`_v` suffix, in page order (digests concatenated)."""
-    return [
-        f"{prefix}_{digests[off : off + DIGEST].hex()}_{tp_rank}"
-        for off in range(0, len(digests) - DIGEST + 1, DIGEST)
-    ]
+    # one hex() over all pages, then slices: a router asks for every page of every prompt
+    full = len(digests) // DIGEST * DIGEST
+    text = digests[:full].hex()
+    width = 2 * DIGEST
+    return [f"{prefix}_{text[off : off + width]}_{tp_rank}" for off in range(0, len(text), width)]

@@ -37,6 +37,9 @@ def test_smallest_comparison_end_to_end(tmp_path: Path) -> None:
     smetric = next(r for r in runs if r.router == "smetric")
     assert smetric.stickiness is not None and smetric.decisions.get("first-turn-balance", 0) > 0
     assert all(r.stickiness is None for r in runs if r.router != "smetric")
+    # smetric-router reports how long its decisions took; the peers do not
+    assert smetric.decide_ms is not None and smetric.decide_ms > 0
+    assert all(r.decide_ms is None for r in runs if r.router.split("/")[0] != "smetric")
     # tool calls: every router's follow-ups found their previous prompt where they ran (the
     # emulated workers render as the router does; real SGLang workers are the test of that)
     for r in runs:

@@ -22,6 +22,7 @@ from benchmarks.compare import (
     plan,
     setup_from,
     slug_of,
+    split_decisions,
     stored_run,
 )
 
@@ -74,7 +75,8 @@ def test_draws_below_one_are_refused() -> None:
 
 def test_a_stored_run_reads_back_and_a_missing_one_is_said(tmp_path: Path) -> None:
     run = Run("smetric/lmetric", 1.5, result(7.0, 900) | {"completed": 40}, 100, 60,
-              {"sticky": 3.0}, "cmd", (2, 3), draw=2, router_cpu_s=2.0)  # fmt: skip
+              {"sticky": 3.0}, "cmd", (2, 3), draw=2, router_cpu_s=2.0,
+              decide_ms=1.5)  # fmt: skip
     assert run.router_cpu_ms == 50.0
     slug = slug_of(run.router, run.rate, run.draw)
     (tmp_path / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
@@ -83,9 +85,22 @@ def test_a_stored_run_reads_back_and_a_missing_one_is_said(tmp_path: Path) -> No
     assert stored_run(tmp_path, run.router, 1.5, 2) == run
     # a sidecar from before router CPU was recorded reads back without it
     side = run.sidecar()
-    del side["router_cpu_s"]
+    del side["router_cpu_s"], side["decide_ms"]
     (tmp_path / f"{slug}.run.json").write_text(json.dumps(side))
-    assert stored_run(tmp_path, run.router, 1.5, 2) == replace(run, router_cpu_s=None)
+    unrecorded = replace(run, router_cpu_s=None, decide_ms=None)
+    assert stored_run(tmp_path, run.router, 1.5, 2) == unrecorded
     assert stored_run(tmp_path, run.router, 1.5, 1) is None
     with pytest.raises(SystemExit, match=r"no run of smetric at 1\.5 \(draw 1\)"):
         load_runs(replace(SETUP, routers=("smetric",), rates=(1.5,)), tmp_path)
+
+
+def test_a_runs_decisions_and_mean_decision_time_come_from_two_scrapes() -> None:
+    before = {"sticky": 4.0, "smetric_decision_seconds_sum": 0.5,
+              "smetric_decision_seconds_count": 10.0}  # fmt: skip
+    after = {"sticky": 9.0, "first-turn-balance": 2.0, "smetric_decision_seconds_sum": 0.535,
+             "smetric_decision_seconds_count": 17.0}  # fmt: skip
+    made, mean_ms = split_decisions(before, after)
+    assert made == {"sticky": 5.0, "first-turn-balance": 2.0}
+    assert mean_ms == pytest.approx(5.0)  # 35 ms over 7 decisions
+    # a peer's /metrics has neither
+    assert split_decisions({}, {}) == ({}, None)

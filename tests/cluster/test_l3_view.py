@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 from smetric_router.cluster.kv_index import L3_MEDIUM, KvIndex
 from smetric_router.cluster.l3_view import EventsL3, L3Config, L3State, MasterL3, _parse_metrics
 from smetric_router.core.kv_events import BlockRemoved, BlockStored, KVEventBatch
-from smetric_router.core.mooncake_keys import page_stems
+from smetric_router.core.mooncake_keys import page_keys, page_stems
 from smetric_router.core.types import RequestFeatures
 from smetric_router.features.hashing import block_hash, page_digests
 from tests.mooncake_master import Master, store_client
@@ -245,3 +245,12 @@ async def test_a_malformed_page_does_not_crash_the_view() -> None:
             await v.stop()
     finally:
         await fake.server.close()
+
+
+def test_page_stems_are_each_pages_keys_without_the_suffix() -> None:
+    digests = b"".join(page_digests(list(range(5 * PAGE)), PAGE))
+    stems = page_stems(PREFIX, digests + b"\x01" * 7, 1)  # a partial digest is not a page
+    assert [page_keys(PREFIX, digests[i * 32 : (i + 1) * 32], 1) for i in range(5)] == [
+        (s + "_k", s + "_v") for s in stems
+    ]
+    assert stems[0].startswith(f"{PREFIX}_") and stems[0].endswith("_1")
