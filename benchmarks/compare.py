@@ -85,6 +85,12 @@ class RouterDef:
     policy: str
     extra: tuple[str, ...] = ()
 
+    @property
+    def one_process(self) -> bool:
+        """Whether one process answers every /metrics scrape (with --processes, any of them
+        does, so counters read before and after a run may come from different processes)."""
+        return "--processes" not in self.extra
+
 
 # the policies whose decisions say whether a follow-up stayed with its holder
 STICKY_POLICIES = ("smetric", "smetric-paper", "smetric-ftwork")
@@ -180,9 +186,7 @@ class Run:
     def stickiness(self) -> float | None:
         follow = sum(v for k, v in self.decisions.items() if k != "first-turn-balance")
         d = ROUTERS[self.router]
-        # several processes: /metrics answers from whichever one took the scrape
-        replicas = "--processes" in d.extra
-        if not self.decisions or d.policy not in STICKY_POLICIES or replicas or not follow:
+        if not self.decisions or d.policy not in STICKY_POLICIES or not d.one_process or not follow:
             return None
         sticky = self.decisions.get("sticky", 0) + self.decisions.get("sticky-l3", 0)
         return sticky / follow
@@ -565,6 +569,8 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                     calls = tool_call_check(url, model, tok, setup.tool_sessions)
             result = json.loads(out.read_text().splitlines()[-1])
             made, decide_ms = split_decisions(d0, d1)
+            if not ROUTERS[name].one_process:
+                decide_ms = None  # the two scrapes may have reached different processes
             run = Run(
                 name,
                 rate,
@@ -840,7 +846,8 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         "it was recorded). Decision: smetric-router's mean time from a request's arrival to its "
         "routing decision (body read, features, views, policy; its "
         "`smetric_decision_seconds`), what it adds before the worker sees the request (n/a for "
-        "the peers, which do not report it).",
+        "the peers, which do not report it, and for several processes, whose scrapes may reach "
+        "different ones).",
         "- Emulated workers model H20 timing in real time on this CPU; the router, the workers "
         "and the client share 2 cores, so absolute numbers include their Python overheads."
         if spec.workers.kind == "emulated"
