@@ -172,6 +172,11 @@ class Run:
     router_cpu_s: float | None = None  # the router's process tree while bench_serving ran
     decide_ms: float | None = None  # smetric-router: mean arrival-to-decision time over the run
 
+    def __post_init__(self) -> None:
+        d = ROUTERS.get(self.router)
+        if d is not None and not d.one_process:
+            self.decide_ms = None  # the scrapes around the run may have reached different processes
+
     @property
     def router_cpu_ms(self) -> float | None:
         """The router's CPU time (user+system, all its processes) per completed request."""
@@ -569,8 +574,6 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                     calls = tool_call_check(url, model, tok, setup.tool_sessions)
             result = json.loads(out.read_text().splitlines()[-1])
             made, decide_ms = split_decisions(d0, d1)
-            if not ROUTERS[name].one_process:
-                decide_ms = None  # the two scrapes may have reached different processes
             run = Run(
                 name,
                 rate,

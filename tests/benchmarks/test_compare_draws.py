@@ -104,3 +104,9 @@ def test_a_runs_decisions_and_mean_decision_time_come_from_two_scrapes() -> None
     assert mean_ms == pytest.approx(5.0)  # 35 ms over 7 decisions
     # a peer's /metrics has neither
     assert split_decisions({}, {}) == ({}, None)
+
+
+def test_a_router_of_several_processes_has_no_mean_decision_time() -> None:
+    # its /metrics scrapes before and after a run may reach different processes
+    assert Run("smetric-x4", 1.0, result(8.0, 400), decide_ms=12.0).decide_ms is None
+    assert Run("smetric", 1.0, result(8.0, 400), decide_ms=12.0).decide_ms == 12.0
