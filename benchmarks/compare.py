@@ -60,7 +60,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.process_cost import tree_cpu_rss
+from benchmarks.process_cost import renice, tree_cpu_rss
 from smetric_router.core.prometheus import readable_samples, total
 from smetric_router.launch import ClusterSpec, Stack, WorkerSpec, free_port, load_spec, router_args
 from smetric_router.launch.kinds.sglang import (
@@ -149,6 +149,10 @@ class Setup:
     # Arrival draws per (router, rate): bench_serving --seed 1..draws, each router meeting the
     # same draws, run draw by draw so that the machine's drift spreads over every router.
     draws: int = 1
+    # The workers' (and the Mooncake master's) nice value: > 0 lets each router, like the load
+    # client, have the CPU when it needs it, as a router on its own cores would, where the
+    # workers would otherwise take an equal share each and a costlier router queue behind them.
+    workers_nice: int = 0
 
 
 QUICK = replace(Setup(), workers=3, sessions=100, conversations=16, max_turns=5, rates=(1.0, 3.0))
@@ -540,6 +544,10 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
     stack = Stack(spec)
     try:
         stack.start_workers()
+        if setup.workers_nice:
+            lowered = renice([c.proc.pid for c in stack.children if c.proc is not None],
+                             setup.workers_nice)  # fmt: skip
+            log(f"workers and master at nice {setup.workers_nice}: {lowered} processes")
         workers = stack.worker_urls
         log(f"workers: {' '.join(workers)}")
         for draw, name, rate in plan(setup):
@@ -853,6 +861,13 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         "different ones).",
         "- Emulated workers model H20 timing in real time on this CPU; the router, the workers "
         "and the client share 2 cores, so absolute numbers include their Python overheads."
+        + (
+            f" The workers and the Mooncake master ran at nice {setup.workers_nice} "
+            "(`--workers-nice`): the router and the load client had the CPU first, as a router on "
+            "its own cores would."
+            if setup.workers_nice
+            else ""
+        )
         if spec.workers.kind == "emulated"
         else "- Real SGLang 0.5.23 workers on this CPU serving the tiny random-weight Qwen3 "
         "(`--load-format dummy`; the model's Qwen3-Coder-style template renders tools in the "
@@ -1014,6 +1029,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="arrival draws per router and rate (bench_serving --seed 1..N; default "
                    "1): the report gives each point's mean [min-max] and the first router's "
                    "ratio to the best other, draw by draw")  # fmt: skip
+    p.add_argument("--workers-nice", type=int,
+                   help="run the workers and the Mooncake master at this nice value (default 0; "
+                   "e.g. 10: the router under test and the load client get the CPU first, as a "
+                   "router on its own cores would, so a costlier router is not slowed by the "
+                   "workers it shares 2 cores with)")  # fmt: skip
     p.add_argument("--tag", default="", help="results file suffix: compare-TAG.md")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/smetric-compare"))
@@ -1040,7 +1060,8 @@ def setup_from(a: argparse.Namespace) -> Setup:
         raise SystemExit("--draws must be >= 1")
     for key in ("workers", "conversations", "max_turns", "min_turns", "sessions", "gpu_kv_tokens",
                 "speedup", "tokens_per_block", "output_len", "max_prompt_tokens", "slo_ttft_ms",
-                "slo_tpot_ms", "agent", "tool_sessions", "dataset", "rounds", "draws"):  # fmt: skip
+                "slo_tpot_ms", "agent", "tool_sessions", "dataset", "rounds", "draws",
+                "workers_nice"):  # fmt: skip
         if getattr(a, key) is not None:
             s = replace(s, **{key: getattr(a, key)})
     return s

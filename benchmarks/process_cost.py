@@ -1,4 +1,5 @@
-"""What a process tree costs the machine: CPU seconds and resident memory, read with psutil.
+"""What a process tree costs the machine (CPU seconds, resident memory) and its CPU priority,
+with psutil.
 
 A router under test may fork (`--processes N`), and the peers run as one process or a Python
 launcher with children; counting the whole tree makes their costs comparable. A process that
@@ -29,3 +30,21 @@ def tree_cpu_rss(pid: int) -> tuple[float, int]:
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return cpu, rss
+
+
+def renice(pids: list[int], value: int) -> int:
+    """Sets the nice value of these processes and all their descendants; how many were set."""
+    done = 0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for p in tree:
+            try:
+                p.nice(value)
+            except psutil.NoSuchProcess:
+                continue
+            done += 1
+    return done

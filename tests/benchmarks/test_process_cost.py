@@ -8,7 +8,7 @@ import sys
 
 import psutil
 
-from benchmarks.process_cost import tree_cpu_rss
+from benchmarks.process_cost import renice, tree_cpu_rss
 
 # A child that forks a grandchild; the grandchild burns `BURN_S` of CPU, then both report and
 # wait for stdin to close (so both are alive when the parent reads them).
@@ -44,3 +44,19 @@ def test_the_cpu_of_a_grandchild_counts_and_a_gone_process_reads_zero() -> None:
         proc.stdin.close()
         proc.wait(timeout=10)
     assert tree_cpu_rss(proc.pid) == (0.0, 0)
+
+
+def test_renice_lowers_a_process_and_its_descendants() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", TREE, "0"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        assert proc.stdout.readline() == b"burnt\n"
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        assert len(tree) == 2
+        assert renice([proc.pid], 7) == 2
+        assert [p.nice() for p in tree] == [7, 7]
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    assert renice([proc.pid], 7) == 0  # gone: nothing to set
