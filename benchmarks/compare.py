@@ -391,6 +391,9 @@ def token_counters(workers: list[str]) -> tuple[int, int]:
     return int(prompt), int(cached)
 
 
+DECIDE_SUM, DECIDE_COUNT = "smetric_decision_seconds_sum", "smetric_decision_seconds_count"
+
+
 def decisions(router_url: str) -> dict[str, float]:
     """smetric-router's decisions by reason so far, plus the sum and count of its
     arrival-to-decision times under DECIDE_SUM / DECIDE_COUNT; empty for a peer."""
@@ -404,9 +407,6 @@ def decisions(router_url: str) -> dict[str, float]:
         elif s.name in (DECIDE_SUM, DECIDE_COUNT):
             out[s.name] = s.value
     return out
-
-
-DECIDE_SUM, DECIDE_COUNT = "smetric_decision_seconds_sum", "smetric_decision_seconds_count"
 
 
 def split_decisions(

@@ -12,16 +12,20 @@ from __future__ import annotations
 import psutil
 
 
+def _tree(pid: int) -> list[psutil.Process]:
+    """Process `pid` and all its descendants; empty once it is gone."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def tree_cpu_rss(pid: int) -> tuple[float, int]:
     """User+system CPU seconds and RSS bytes of process `pid` and all its descendants; (0, 0)
     once it is gone."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0, 0
     cpu, rss = 0.0, 0
-    for p in procs:
+    for p in _tree(pid):
         try:
             with p.oneshot():
                 t = p.cpu_times()
@@ -36,12 +40,7 @@ def renice(pids: list[int], value: int) -> int:
     """Sets the nice value of these processes and all their descendants; how many were set."""
     done = 0
     for pid in pids:
-        try:
-            root = psutil.Process(pid)
-            tree = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            continue
-        for p in tree:
+        for p in _tree(pid):
             try:
                 p.nice(value)
             except psutil.NoSuchProcess:
