@@ -175,11 +175,13 @@ class Run:
     draw: int = 1  # bench_serving's --seed
     router_cpu_s: float | None = None  # the router's process tree while bench_serving ran
     decide_ms: float | None = None  # smetric-router: mean arrival-to-decision time over the run
+    decide_stages_ms: dict[str, float] = field(default_factory=dict)  # decide_ms by stage
 
     def __post_init__(self) -> None:
         d = ROUTERS.get(self.router)
         if d is not None and not d.one_process:
-            self.decide_ms = None  # the scrapes around the run may have reached different processes
+            # the scrapes around the run may have reached different processes
+            self.decide_ms, self.decide_stages_ms = None, {}
 
     @property
     def router_cpu_ms(self) -> float | None:
@@ -207,7 +209,8 @@ class Run:
                 "worker_cached_tokens": self.cached_tokens, "decisions": self.decisions,
                 "command": self.command, "turns": list(self.turns),
                 "tool_calls": self.tool_calls, "draw": self.draw,
-                "router_cpu_s": self.router_cpu_s, "decide_ms": self.decide_ms}  # fmt: skip
+                "router_cpu_s": self.router_cpu_s, "decide_ms": self.decide_ms,
+                "decide_stages_ms": self.decide_stages_ms}  # fmt: skip
 
     @property
     def history_hit(self) -> float | None:
@@ -392,11 +395,14 @@ def token_counters(workers: list[str]) -> tuple[int, int]:
 
 
 DECIDE_SUM, DECIDE_COUNT = "smetric_decision_seconds_sum", "smetric_decision_seconds_count"
+STAGE_SUM = "smetric_decision_stage_seconds_sum"
+STAGE = "stage:"  # key prefix of a stage's summed seconds in decisions()
 
 
 def decisions(router_url: str) -> dict[str, float]:
     """smetric-router's decisions by reason so far, plus the sum and count of its
-    arrival-to-decision times under DECIDE_SUM / DECIDE_COUNT; empty for a peer."""
+    arrival-to-decision times under DECIDE_SUM / DECIDE_COUNT and of each stage's part of them
+    under STAGE + its name; empty for a peer."""
     status, text = _get(f"{router_url}/metrics")
     out: dict[str, float] = {}
     if status != 200:
@@ -406,18 +412,22 @@ def decisions(router_url: str) -> dict[str, float]:
             out[s.labels["reason"]] = out.get(s.labels["reason"], 0.0) + s.value
         elif s.name in (DECIDE_SUM, DECIDE_COUNT):
             out[s.name] = s.value
+        elif s.name == STAGE_SUM and "stage" in s.labels:
+            out[STAGE + s.labels["stage"]] = s.value
     return out
 
 
 def split_decisions(
     before: dict[str, float], after: dict[str, float]
-) -> tuple[dict[str, float], float | None]:
-    """The decisions by reason made between two scrapes, and their mean arrival-to-decision
-    time in ms (None for a router that does not report it)."""
+) -> tuple[dict[str, float], float | None, dict[str, float]]:
+    """The decisions by reason made between two scrapes, their mean arrival-to-decision time
+    in ms (None for a router that does not report it), and its mean by stage in ms."""
     delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
     total, count = delta.pop(DECIDE_SUM, None), delta.pop(DECIDE_COUNT, None)
-    mean = 1e3 * total / count if total is not None and count else None
-    return delta, mean
+    stages = {k.removeprefix(STAGE): delta.pop(k) for k in list(delta) if k.startswith(STAGE)}
+    if total is None or not count:
+        return delta, None, {}
+    return delta, 1e3 * total / count, {k: 1e3 * v / count for k, v in stages.items()}
 
 
 def bench_env() -> dict[str, str]:
@@ -581,7 +591,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                     flush(workers, l3)
                     calls = tool_call_check(url, model, tok, setup.tool_sessions)
             result = json.loads(out.read_text().splitlines()[-1])
-            made, decide_ms = split_decisions(d0, d1)
+            made, decide_ms, stages = split_decisions(d0, d1)
             run = Run(
                 name,
                 rate,
@@ -595,6 +605,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 draw,
                 cpu1 - cpu0,
                 decide_ms,
+                stages,
             )
             runs.append(run)
             (work / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
@@ -604,10 +615,15 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 f"{result['p90_ttft_ms']:.0f} ms, cached {_pct(run.cached_share)}, history hit "
                 f"{_pct(run.history_hit)}, sticky {_pct(run.stickiness)}, "
                 f"router CPU {_ms(run.router_cpu_ms)} ms/req, decision "
-                f"{_ms(run.decide_ms)} ms")  # fmt: skip
+                f"{_ms(run.decide_ms)} ms{_stages(run.decide_stages_ms)}")  # fmt: skip
     finally:
         stack.stop()
     return runs
+
+
+def _stages(ms: dict[str, float]) -> str:
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in ms.items())
+    return f" ({parts})" if parts else ""
 
 
 def tool_call_check(url: str, model: str, tokenizer: str, sessions: int) -> dict[str, Any]:
@@ -644,7 +660,8 @@ def stored_run(work: Path, name: str, rate: float, draw: int) -> Run | None:
     return Run(name, rate, result, side["worker_prompt_tokens"], side["worker_cached_tokens"],
                side["decisions"], side["command"], tuple(side["turns"]),
                side.get("tool_calls") or {}, side.get("draw", 1),
-               side.get("router_cpu_s"), side.get("decide_ms"))  # fmt: skip
+               side.get("router_cpu_s"), side.get("decide_ms"),
+               side.get("decide_stages_ms") or {})  # fmt: skip
 
 
 def load_runs(setup: Setup, work: Path) -> list[Run]:

@@ -483,6 +483,20 @@ def generation_handler(endpoint: Endpoint) -> Callable[[web.Request], Any]:
     return handle
 
 
+class _Stages:
+    """Times the stages of one request's way to its decision (smetric_decision_stage_seconds)."""
+
+    __slots__ = ("last", "metrics")
+
+    def __init__(self, metrics: RouterMetrics, started: float) -> None:
+        self.metrics, self.last = metrics, started
+
+    def done(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.metrics.stage(stage, now - self.last)
+        self.last = now
+
+
 def _shutting_down(message: str) -> RouterError:
     return RouterError(503, message, type_="server_error", code=SHUTDOWN_CODE,
                        headers={"Connection": "close"})  # fmt: skip
@@ -494,6 +508,8 @@ async def _generate(
     with tracing.span("read_body") as span:
         raw, body = await read_json_object(request, state.config.max_body_bytes)
         span.set("smetric.body_bytes", len(raw))
+    clock = _Stages(state.metrics, started)
+    clock.done("body")
     model = _check_model(body, state.registry)
     # SGLang's `priority` (forwarded as sent): orders the tenant's requests in the router queue
     priority = _priority(body, tenant_of(request)) if state.admission_metrics else 0
@@ -534,13 +550,19 @@ async def _generate(
             features = router.hinted(features, request.headers, body)  # the client's own body
             if tracing.enabled:
                 span.set_many(feature_attributes(features))
+        clock.done("features")
         probed = await router.probe(seen, model)  # None unless --cache-view probe
+        if probed is not None:
+            clock.done("cache_view")
         l3 = await router.l3_lookup(features, model)  # 0 unless --l3-view
+        if router.l3 is not None:
+            clock.done("l3")
         if strip_hint(body) or edited:
             raw = orjson.dumps(body)
     except FeatureError as e:
         raise bad_request(str(e)) from None
     decided = _decide(state, router, features, model, probed, l3)
+    clock.done("decide")
     state.metrics.decide_seconds.observe(time.perf_counter() - started)
     label = endpoint.value
     ticket = None

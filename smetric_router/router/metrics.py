@@ -20,6 +20,7 @@ _M = TypeVar("_M", Counter, Histogram)
 # stalled mid-stream): an error, not the 200 the client saw first.
 STREAM_ERROR = "stream_error"
 
+_DECISION_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -240,7 +241,18 @@ class RouterMetrics:
         self.decide_seconds = Histogram(
             "smetric_decision_seconds",
             "Request arrival to decision: body read, features, view, decide",
-            buckets=(1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1),
+            buckets=_DECISION_BUCKETS,
+            registry=r,
+        )
+        # Where a slow decision spends its time: waiting to be read, tokenizing, asking the
+        # global tier, deciding. Their sum is smetric_decision_seconds.
+        self.decide_stages = Histogram(
+            "smetric_decision_stage_seconds",
+            "Request arrival to decision by stage: body (reading and parsing it), features "
+            "(rendering and tokenizing the prompt, queueing for it included), cache_view "
+            "(--cache-view probe), l3 (--l3-view lookup), decide (view and policy)",
+            ["stage"],
+            buckets=_DECISION_BUCKETS,
             registry=r,
         )
         self.prefix_tokens = Counter(
@@ -320,6 +332,9 @@ class RouterMetrics:
     def dropped(self, fields: Iterable[str]) -> None:
         for f in fields:
             self._child(self.anthropic_dropped, f).inc()
+
+    def stage(self, name: str, seconds: float) -> None:
+        self._child(self.decide_stages, name).observe(seconds)
 
     def first_byte(self, endpoint: str, seconds: float) -> None:
         self._child(self.ttft, endpoint).observe(seconds)

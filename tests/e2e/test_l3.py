@@ -89,6 +89,9 @@ def test_router_reports_l3_hits_unknown_during_an_outage_and_resets_after_a_rest
     headers = chat(stack, conv)
     assert l3_of(headers) == str(full)
     assert metric(stack.url, "smetric_l3_known") == 1.0
+    # the lookups are a stage of their decisions' time
+    asked = metric(stack.url, "smetric_decision_stage_seconds_count", stage="l3")
+    assert asked == metric(stack.url, "smetric_decision_stage_seconds_count", stage="decide") == 2
 
     # Master down: requests still answered, L3 'unknown', the outage in the metrics.
     master = next(c for c in stack.children if c.name == MASTER and c.proc is not None)

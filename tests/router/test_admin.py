@@ -136,6 +136,10 @@ async def test_models_flush_and_metrics(make_worker: MakeWorker, make_router: Ma
     assert f'smetric_worker_healthy{{worker="{b.url}"}} 1.0' in text
     assert f'smetric_worker_inflight{{worker="{a.url}"}} 0.0' in text
     assert "smetric_ttft_seconds_count" in text and "smetric_request_duration_seconds" in text
+    # each decision timed by stage; no cache probe nor global tier here, so no such stage
+    for stage in ("body", "features", "decide"):
+        assert f'smetric_decision_stage_seconds_count{{stage="{stage}"}} 2.0' in text
+    assert 'stage="l3"' not in text and 'stage="cache_view"' not in text
 
 
 async def test_reported_load_steers_balance(
