@@ -19,6 +19,7 @@ user turn follows); for ChatML-style templates it ends at that message's <|im_en
 
 from __future__ import annotations
 
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -157,8 +158,11 @@ def _peek(message: object) -> int:
 
 
 class ChatPrompts:
-    """Not thread-safe (one per event loop). Message objects of a request are kept for
-    comparison with later ones: do not mutate them."""
+    """Thread-safe: prompts are made in parallel (rendering and tokenizing read only immutable
+    earlier results); only finding an earlier request and remembering this one take the lock,
+    so a request made while its predecessor is still being made starts from an older one (more
+    to tokenize, the same result). Message objects of a request are kept for comparison with
+    later ones: do not mutate them."""
 
     def __init__(
         self, chat: ChatTokenizer, page_size: int, cache_entries: int, cache_bytes: int
@@ -167,11 +171,14 @@ class ChatPrompts:
         self.page_size = page_size
         self._tips = _Tips(cache_entries, cache_bytes)
         self._starts: OrderedDict[int, Rendered] = OrderedDict()
+        self._lock = threading.Lock()
 
     def prompt(self, body: Mapping[str, Any], budget: Budget = UNLIMITED) -> ChatPrompt:
         messages = bodies.messages(body)
         n = len(messages)
-        known, tip = self._known(messages)
+        with self._lock:
+            known, tip = self._known(messages)
+            start = None if tip is not None else self._starts.get(_peek(messages[0]))
         ready = tip.ready[:known] if tip is not None else []
         chat = self.chat
         ready += [chat.message(m, i) for i, m in enumerate(messages[known:], start=known)]
@@ -193,7 +200,7 @@ class ChatPrompts:
                 tip.rendered if tip is not None else None,  # whose prompt begins with its text
             )
             span.set("smetric.chars", len(text))
-        base = tip.rendered if tip is not None else self._starts.get(_peek(messages[0]))
+        base = tip.rendered if tip is not None else start
         # tokenizing and hashing go together: both only from where the text differs from base's
         with tracing.span("tokenize_hash") as span:
             rendered, shared = render_from(chat.tokenizer, text, self.page_size, base, budget)
@@ -216,7 +223,8 @@ class ChatPrompts:
             history = rendered.tokens_through(shared)
 
         new = _Tip(messages, ready, rendered, turns, last, hosted, loops)
-        self._remember(messages, known, tip, new, shares_base)
+        with self._lock:
+            self._remember(messages, known, tip, new, shares_base)
         if continued is None:
             return ChatPrompt(rendered, as_u32(()), rendered.page_hashes(), text, turns, history)
         appended = as_u32(self._continuation(continued, budget, rendered.n_ids))

@@ -28,7 +28,7 @@ DEFAULT_CACHE_BYTES = 512 << 20
 
 
 class FeatureExtractor:
-    """Computes RequestFeatures for one page size. Not thread-safe (one per event loop).
+    """Computes RequestFeatures for one page size; thread-safe (chat_prompt.ChatPrompts).
 
     cache_entries / cache_bytes bound the earlier chat prompts kept for follow-ups.
     keep_text=False skips building RequestFeatures.text, which only `cache_aware` reads.
@@ -36,7 +36,7 @@ class FeatureExtractor:
     RequestFeatures.page_hashes is an array('q') of signed int64 block hashes (do not mutate).
     Chat message objects are kept for comparison with the next turn: do not mutate them.
     A budget refuses prompts that reach the context (PromptTooLong) and tokenizing too much here
-    (Offload); raw prompts need no state, chats the extractor's (one thread at a time).
+    (Offload); raw prompts need no state, chats share the extractor's earlier prompts.
     """
 
     def __init__(

@@ -170,8 +170,6 @@ class Router:
         self.context_override = context_length
         self.session_hints = session_hints
         self._tick = itertools.count()
-        # held while a chat is extracted off the loop: chats share the extractor's state
-        self._chat_off_loop = asyncio.Lock()
 
     @property
     def features(self) -> Features:
@@ -219,30 +217,22 @@ class Router:
         budget: Budget,
     ) -> RequestFeatures:
         run = functools.partial(self._extract_now, self.features, endpoint, body, headers)
-        return await self._tokenizing(endpoint is Endpoint.CHAT, run, budget)
+        return await self._tokenizing(run, budget)
 
-    async def _tokenizing(self, chat: bool, run: Callable[[Budget], T], budget: Budget) -> T:
-        """run(budget) on the loop when little is to be tokenized, else in the thread (Offload);
-        chat: it reads and writes the extractor's chat state."""
-        if not (chat and self._chat_off_loop.locked()):
-            try:
-                return run(budget)
-            except Offload:
-                pass
-        off_loop = replace(budget, inline_chars=None)
-        loop = asyncio.get_running_loop()
-        run = tracing.in_context(run)  # its spans under this request's (--enable-trace)
-        if not chat:  # raw prompts keep no state
-            return await loop.run_in_executor(_OFF_LOOP, run, off_loop)
-        await self._chat_off_loop.acquire()
+    @staticmethod
+    async def _tokenizing(run: Callable[[Budget], T], budget: Budget) -> T:
+        """run(budget) on the loop when little is to be tokenized, else in the thread (Offload).
+        A small request never waits behind a big one: the extractor is thread-safe, so a
+        follow-up is read on the loop even while a long first turn is tokenized in the thread
+        (queued behind such turns, agents' follow-ups waited 0.4-0.6 s on a loaded 2-core
+        machine: benchmarks/results/README.md)."""
         try:
-            done = loop.run_in_executor(_OFF_LOOP, run, off_loop)
-        except BaseException:
-            self._chat_off_loop.release()
-            raise
-        # released when the thread is done, even if this request is cancelled meanwhile
-        done.add_done_callback(lambda _: self._chat_off_loop.release())
-        return await asyncio.shield(done)
+            return run(budget)
+        except Offload:
+            pass
+        off_loop = replace(budget, inline_chars=None)
+        run = tracing.in_context(run)  # its spans under this request's (--enable-trace)
+        return await asyncio.get_running_loop().run_in_executor(_OFF_LOOP, run, off_loop)
 
     @staticmethod
     def _extract_now(
@@ -261,7 +251,7 @@ class Router:
     async def prompt_length(self, chat: dict[str, Any]) -> int:
         """A chat body's prompt tokens, as the workers count them (count_tokens: no limits)."""
         run = functools.partial(self.features.from_chat, chat)
-        return (await self._tokenizing(True, run, Budget(None, INLINE_CHARS))).prompt_len
+        return (await self._tokenizing(run, Budget(None, INLINE_CHARS))).prompt_len
 
     def hinted(
         self, features: RequestFeatures, headers: Mapping[str, str], body: Mapping[str, Any]
@@ -283,10 +273,7 @@ class Router:
         if not urls:
             return {}
         ids = functools.partial(self.features.prompt_token_ids, body)
-        chat = "messages" in body  # (how prompt_token_ids tells the kinds apart)
-        return await self.prober.hits(
-            await self._tokenizing(chat, ids, Budget(None, INLINE_CHARS)), urls
-        )
+        return await self.prober.hits(await self._tokenizing(ids, Budget(None, INLINE_CHARS)), urls)
 
     async def l3_lookup(self, features: RequestFeatures, model: str | None) -> int | None:
         """Leading prompt tokens in the global tier: 0 without an L3 view, None when unknown

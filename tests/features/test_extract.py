@@ -8,6 +8,8 @@ the whole rendered prompt) and the rendered text against hand-written expectatio
 from __future__ import annotations
 
 import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +140,36 @@ def test_incremental_ids_equal_the_whole_prompt_tokenized(
                 assert f.prompt_len == len(want)
                 assert f.turn == turn
                 assert 0 <= f.est_hit <= f.prompt_len
+
+
+def test_conversations_read_from_several_threads_get_the_features_read_alone(
+    chat: ChatTokenizer, sampler: TextSampler
+) -> None:
+    """One extractor, four threads, each reading its conversations turn by turn while the
+    others do: every request's features are those a fresh extractor gives it alone."""
+    shared = FeatureExtractor(chat, page_size=16, cache_entries=8)  # small: entries churn
+    sessions = [agent_turns(sampler, 5, seed) for seed in range(12)]
+    start = threading.Barrier(4)
+
+    def read(mine: list[list[list[Message]]]) -> list[tuple[Any, ...]]:
+        start.wait()
+        out = []
+        for turns in mine:
+            for messages in turns:
+                f = shared.from_chat(orjson.loads(orjson.dumps({"messages": messages})))
+                out.append((list(f.page_hashes), f.prompt_len, f.turn, f.est_hit))
+        return out
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(read, [sessions[i::4] for i in range(4)]))
+    for i in range(4):
+        want = []
+        for turns in sessions[i::4]:
+            alone = FeatureExtractor(chat, page_size=16)
+            for messages in turns:
+                f = alone.from_chat({"messages": messages})
+                want.append((list(f.page_hashes), f.prompt_len, f.turn, f.est_hit))
+        assert got[i] == want
 
 
 class Spy:
