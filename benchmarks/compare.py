@@ -93,12 +93,13 @@ class RouterDef:
 
 
 # the policies whose decisions say whether a follow-up stayed with its holder
-STICKY_POLICIES = ("smetric", "smetric-paper", "smetric-ftwork")
+STICKY_POLICIES = ("smetric", "smetric-paper", "smetric-ftwork", "smetric-fetch")
 
 ROUTERS: dict[str, RouterDef] = {
     "smetric": RouterDef("smetric", "smetric"),
     "smetric/smetric-paper": RouterDef("smetric", "smetric-paper"),
     "smetric/smetric-ftwork": RouterDef("smetric", "smetric-ftwork"),
+    "smetric/smetric-fetch": RouterDef("smetric", "smetric-fetch"),
     "smetric/bailian": RouterDef("smetric", "bailian"),
     "smetric/lmetric": RouterDef("smetric", "lmetric"),
     "smetric/lmetric-inflight": RouterDef("smetric", "lmetric-inflight"),

@@ -8,6 +8,7 @@ from smetric_router.policies import (
     load_balance,
     simple,
     smetric,
+    smetric_fetch,
     smetric_ftwork,
     smetric_paper,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "load_balance",
     "simple",
     "smetric",
+    "smetric_fetch",
     "smetric_ftwork",
     "smetric_paper",
 ]

@@ -24,7 +24,7 @@ template onto its holders. Ties round-robin."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from smetric_router.core.types import ClusterView, Decision, Reason, RequestFeatures, WorkerView
@@ -45,6 +45,9 @@ class SMetric:
     params: PolicyParams
     name: str = "smetric"
     uses_text_tree: bool = False
+    # a worker's cost for the request, which the overload guard compares and the fallback
+    # minimises (smetric_fetch.py counts what the global tier can load as fetched)
+    cost: Callable[[WorkerView, RequestFeatures], float] = recompute_cost
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)
@@ -79,14 +82,14 @@ class SMetric:
             return self._fallback(workers, features, hint, view.tick, reason)
         others = [w for w in workers if w is not target]
         if others:
-            cheapest = min(recompute_cost(w, features) for w in others)
-            if recompute_cost(target, features) > p.move_cost_ratio * cheapest:
+            cheapest = min(self.cost(w, features) for w in others)
+            if self.cost(target, features) > p.move_cost_ratio * cheapest:
                 return self._fallback(others, features, hint, view.tick,
                                       Reason.OVERLOAD_FALLBACK)  # fmt: skip
         return Decision(target.url, Reason.STICKY.value)
 
-    @staticmethod
     def _fallback(
+        self,
         workers: Sequence[WorkerView],
         features: RequestFeatures,
         hint: str | None,
@@ -101,7 +104,7 @@ class SMetric:
         one in the simulator once the guard was a cost ratio.
         A holder's open circuit keeps its reason with a hint too: that the worker is failing
         matters more to whoever reads the headers."""
-        cheapest = lowest(workers, [recompute_cost(w, features) for w in workers])
+        cheapest = lowest(workers, [self.cost(w, features) for w in workers])
         if hint is None or len(cheapest) == 1:
             return Decision(cheapest[tick % len(cheapest)].url, reason.value)
         if reason is not Reason.BREAKER_OPEN:
