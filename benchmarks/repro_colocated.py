@@ -1581,6 +1581,7 @@ def moves(move_cost: float = 2.0) -> None:
     class Recorder:
         name: str = "smetric"
         uses_text_tree: bool = False
+        uses_l3: bool = False
 
         def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
             d = inner.decide(features, view)

@@ -23,6 +23,7 @@ class Bailian:
     params: PolicyParams
     name: str = "bailian"
     uses_text_tree: bool = False
+    uses_l3: bool = False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)

@@ -127,6 +127,13 @@ class Policy(Protocol):
     @property
     def uses_text_tree(self) -> bool: ...
 
+    @property
+    def uses_l3(self) -> bool:
+        """Whether decide() reads WorkerView.l3_hit: the router asks the global tier before
+        deciding only for such a policy (for the others the lookup runs beside the request, for
+        its headers and metrics)."""
+        ...
+
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision: ...
 
 

@@ -23,6 +23,7 @@ class CacheAware:
     params: PolicyParams
     name: str = "cache_aware"
     uses_text_tree: bool = True
+    uses_l3: bool = False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)

@@ -31,6 +31,7 @@ class LMetric:
     params: PolicyParams
     name: str = "lmetric"
     uses_text_tree: bool = False
+    uses_l3: bool = False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)

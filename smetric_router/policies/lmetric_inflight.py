@@ -34,6 +34,7 @@ class LMetricInflight:
     params: PolicyParams
     name: str = "lmetric-inflight"
     uses_text_tree: bool = False
+    uses_l3: bool = False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         chosen = least_recompute(healthy_or_raise(view), features, view.tick)

@@ -13,6 +13,7 @@ class RoundRobin:
     params: PolicyParams
     name: str = "round_robin"
     uses_text_tree: bool = False
+    uses_l3: bool = False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)
@@ -24,6 +25,7 @@ class Random:
     params: PolicyParams
     name: str = "random"
     uses_text_tree: bool = False
+    uses_l3: bool = False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)
@@ -35,6 +37,7 @@ class PowerOfTwo:
     params: PolicyParams
     name: str = "power_of_two"
     uses_text_tree: bool = False
+    uses_l3: bool = False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)

@@ -48,6 +48,11 @@ class SMetric:
     # a worker's cost for the request, which the overload guard compares and the fallback
     # minimises (smetric_fetch.py counts what the global tier can load as fetched)
     cost: Callable[[WorkerView, RequestFeatures], float] = recompute_cost
+    cost_reads_l3: bool = False
+
+    @property
+    def uses_l3(self) -> bool:
+        return self.params.l3_aware or self.cost_reads_l3
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)

@@ -35,4 +35,4 @@ def fetch_cost(worker: WorkerView, features: RequestFeatures) -> float:
 
 @register("smetric-fetch")
 def _make(params: PolicyParams) -> SMetric:
-    return SMetric(params, name="smetric-fetch", cost=fetch_cost)
+    return SMetric(params, name="smetric-fetch", cost=fetch_cost, cost_reads_l3=True)

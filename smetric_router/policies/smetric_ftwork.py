@@ -34,6 +34,10 @@ class SMetricFirstByWork:
     def __post_init__(self) -> None:
         object.__setattr__(self, "follow_ups", SMetric(self.params))
 
+    @property
+    def uses_l3(self) -> bool:
+        return self.follow_ups.uses_l3
+
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)
         if resolve_turn(features, [w for w in view.workers if w.healthy]) != 0:

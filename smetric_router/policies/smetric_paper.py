@@ -23,6 +23,7 @@ class SMetricPaper:
     params: PolicyParams
     name: str = "smetric-paper"
     uses_text_tree: bool = False
+    uses_l3: bool = False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)

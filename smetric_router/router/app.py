@@ -554,14 +554,16 @@ async def _generate(
         probed = await router.probe(seen, model)  # None unless --cache-view probe
         if probed is not None:
             clock.done("cache_view")
-        l3 = await router.l3_lookup(features, model)  # 0 unless --l3-view
-        if router.l3 is not None:
+        # 0 unless --l3-view; asked beside the request when the policy does not read it
+        later = router.l3_later(features, model) if state.pd is None else None
+        l3 = None if later is not None else await router.l3_lookup(features, model)
+        if router.l3 is not None and later is None:
             clock.done("l3")
         if strip_hint(body) or edited:
             raw = orjson.dumps(body)
     except FeatureError as e:
         raise bad_request(str(e)) from None
-    decided = _decide(state, router, features, model, probed, l3)
+    decided = _decide(state, router, features, model, probed, l3, later)
     clock.done("decide")
     state.metrics.decide_seconds.observe(time.perf_counter() - started)
     label = endpoint.value
@@ -576,7 +578,7 @@ async def _generate(
         ticket = await _admit(state, request, bound, follow_up, features.prompt_len, priority)
     try:
         if ticket is not None and ticket.waited_s > 0:
-            decided = _decide(state, router, features, model, probed, l3)
+            decided = _decide(state, router, features, model, probed, l3, later)
         if isinstance(decided, Pair):
             assert state.pd is not None  # a pair is decided only under PD
             state.metrics.routed(label, decided.prefill.decision.reason)
@@ -598,6 +600,7 @@ def _decide(
     model: str | None,
     probed: Mapping[str, tuple[int, int]] | None,
     l3: int | None,
+    later: asyncio.Future[int | None] | None = None,
 ) -> Pair | Routed:
     """The policy's placement (a prefill/decode pair under PD), in its trace span; no healthy
     worker is a 503. Called again for a request that waited for admission."""
@@ -608,7 +611,7 @@ def _decide(
                 if tracing.enabled:
                     span.set_many(pd_decision_attributes(pair, state.pd))
                 return pair
-            routed = router.route(features, model, probed, l3)
+            routed = router.route(features, model, probed, l3, later)
             if tracing.enabled:
                 span.set_many(decision_attributes(routed, router.policy.name))
             return routed

@@ -401,7 +401,8 @@ class RouterConfig:
         0.025,
         Flag(
             "--l3-budget-secs",
-            "longest a routing decision waits for the master; a slower answer counts as "
+            "longest a lookup waits for the master (before the decision for a policy that "
+            "reads the figure, beside the request for the others); a slower answer counts as "
             "'unknown' (never as a miss)",
             group=L3,
         ),

@@ -116,7 +116,8 @@ def decision_headers(routed: Routed) -> dict[str, str]:
 
 
 def hit_headers(routed: Routed) -> dict[str, str]:
-    """The chosen worker's cached prefix by tier, as the router saw it when deciding:
+    """The chosen worker's cached prefix by tier, as the router saw it when deciding (the
+    global tier's part once its lookup answered: Router.settle):
     x-smetric-hit `gpu=N; host=N; l3=N|unknown` in leading prompt tokens (gpu: on its GPU; host:
     on its GPU or host, HiCache's L1+L2; l3: in the global tier, 0 without an L3 view) and
     x-smetric-tier: where the deepest part of it comes from (gpu, host, l3 or none)."""
@@ -403,6 +404,7 @@ class Proxy:
         prefilled: Callable[[], None] = lambda: None,
     ) -> web.StreamResponse:
         try:
+            routed = await self.router.settle(routed)
             headers = CIMultiDict((k, v) for k, v in resp.headers if k.lower() not in DROP_RESPONSE)
             headers.update(decision_headers(routed))
             if resp.content_type == "text/event-stream" and resp.status < 400:

@@ -128,6 +128,9 @@ class Routed:
     features: RequestFeatures
     view: ClusterView
     decision: Decision
+    # The global tier's hit while it is still being asked (Router.l3_later): the view says
+    # l3_hit None ("unknown") until Router.settle() puts the answer in.
+    l3: asyncio.Future[int | None] | None = None
 
 
 class Router:
@@ -289,6 +292,34 @@ class Router:
             prefix = key_prefix(name)
         return await self.l3.lookup(prefix, features)
 
+    def l3_later(
+        self, features: RequestFeatures, model: str | None
+    ) -> asyncio.Future[int | None] | None:
+        """The global tier's hit asked beside the request rather than before its decision, for
+        a policy that does not read it (Policy.uses_l3): the answer is wanted only for the
+        response's headers and the metrics (settle()), and waiting for the master held every
+        decision up (46-65 ms on a loaded 2-core machine, benchmarks/results/README.md). None
+        where the decision needs it, or there is nothing to ask."""
+        if self.l3 is None or self.policy.uses_l3 or not features.page_hashes:
+            return None
+        lookup = asyncio.ensure_future(self.l3_lookup(features, model))
+        lookup.add_done_callback(_retrieve)  # a request that ends first never reads it
+        return lookup
+
+    async def settle(self, routed: Routed) -> Routed:
+        """routed with the answer of its global-tier lookup in the view (l3_later), once it has
+        come (within the L3 view's budget); the chosen worker's prefix is counted by tier then,
+        as decide() counts it for a decision made with the answer."""
+        if routed.l3 is None:
+            return routed
+        l3 = await asyncio.shield(routed.l3)  # a request cancelled meanwhile leaves it running
+        workers = tuple(
+            replace(w, l3_hit=l3) if w.l3_hit is None else w for w in routed.view.workers
+        )
+        settled = Routed(routed.features, replace(routed.view, workers=workers), routed.decision)
+        self._count_prefix(settled.view, settled.decision)
+        return settled
+
     def hold(self, worker: str, features: RequestFeatures) -> Hold | None:
         """The request is being sent to `worker`: its pages count as held there (None: no
         in-flight view). Call before the first await after the decision, so that a request routed
@@ -308,12 +339,14 @@ class Router:
         model: str | None,
         probed: Mapping[str, tuple[int, int]] | None = None,
         l3: int | None = 0,
+        later: asyncio.Future[int | None] | None = None,
     ) -> Routed:
-        view = self.snapshot(features, model, probed, l3)
-        decision = self.decide(features, view)
+        """later: l3_later()'s lookup, in place of l3."""
+        view = self.snapshot(features, model, probed, None if later is not None else l3)
+        decision = self.decide(features, view, counted=later is None)
         if self.text_tree is not None and features.text:
             self.text_tree.insert(features.text, decision.worker)
-        return Routed(features, view, decision)
+        return Routed(features, view, decision, later)
 
     def route_to(self, worker: str, model: str | None, reason: str) -> Routed:
         """A request that only `worker` can serve (it holds state the request continues): no
@@ -330,14 +363,18 @@ class Router:
             replace(w, healthy=False) if w.url in excluded else w for w in routed.view.workers
         )
         view = replace(routed.view, workers=workers, tick=next(self._tick))
-        return Routed(routed.features, view, self.decide(routed.features, view))
+        decision = self.decide(routed.features, view, counted=routed.l3 is None)
+        return Routed(routed.features, view, decision, routed.l3)
 
-    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+    def decide(
+        self, features: RequestFeatures, view: ClusterView, counted: bool = True
+    ) -> Decision:
+        """counted=False: the chosen worker's prefix is counted by settle() instead, once the
+        global tier's part of it is known."""
         decision = self.policy.decide(features, view)
         self.metrics.decided(decision.reason, decision.worker)
-        chosen = view.worker(decision.worker)
-        if chosen is not None and self.role is not Role.DECODE:
-            self.metrics.count_prefix(chosen.gpu_hit, chosen.hit, chosen.l3_hit)
+        if counted:
+            self._count_prefix(view, decision)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "decision worker=%s reason=%s turn=%s session=%s prompt=%d est_hit=%d loads=%s "
@@ -353,6 +390,11 @@ class Router:
                 [w.l3_hit for w in view.workers],
             )
         return decision
+
+    def _count_prefix(self, view: ClusterView, decision: Decision) -> None:
+        chosen = view.worker(decision.worker)
+        if chosen is not None and self.role is not Role.DECODE:
+            self.metrics.count_prefix(chosen.gpu_hit, chosen.hit, chosen.l3_hit)
 
     def snapshot(
         self,
@@ -420,3 +462,8 @@ class Router:
             return workers
         # Workers that report no model names are assumed to serve whatever they are sent.
         return [w for w in workers if not w.models or model in w.models]
+
+
+def _retrieve(lookup: asyncio.Future[int | None]) -> None:
+    if not lookup.cancelled():
+        lookup.exception()

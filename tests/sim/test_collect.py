@@ -30,6 +30,7 @@ class _Spy:
 
     name = "spy"
     uses_text_tree = False
+    uses_l3 = False
 
     def __init__(self) -> None:
         self.inner = make_policy("load_balance")

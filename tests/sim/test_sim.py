@@ -63,6 +63,7 @@ class _BatchSpy:
 
     name = "batch-spy"
     uses_text_tree = False
+    uses_l3 = False
 
     def __init__(self) -> None:
         self.inner = make_policy("round_robin")
@@ -228,6 +229,7 @@ class _UnprefilledSpy:
 
     name = "unprefilled-spy"
     uses_text_tree = False
+    uses_l3 = False
 
     def __init__(self) -> None:
         self.inner = make_policy("round_robin")

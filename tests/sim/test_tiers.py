@@ -333,6 +333,7 @@ class _Recorder:
 
     name = "recorder"
     uses_text_tree = False
+    uses_l3 = False
 
     def __init__(self) -> None:
         self.inner = make_policy("round_robin")
