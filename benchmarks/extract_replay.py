@@ -2,6 +2,7 @@
 
     python -m benchmarks.extract_replay                      # compare's default workload
     python -m benchmarks.extract_replay --conversations 16 --out benchmarks/results/x.md
+    python -m benchmarks.extract_replay --replicas 4          # as four router processes
 
 Builds the workload benchmarks.compare builds (the same generator, converter and options, in
 its work dir), then replays its requests through one FeatureExtractor on this thread, with the
@@ -10,7 +11,10 @@ turn k of every conversation, then turn k + 1. Each follow-up carries its conver
 with a fixed reply (~40 tokens) where bench_serving puts the server's. It reports the mean time
 per request, first turns and follow-ups apart, and the part spent in the tokenizer. No workers
 and no HTTP: the extraction alone on one core, beside which benchmarks.compare's router CPU per
-request (the whole router under load) can be read.
+request (the whole router under load) can be read. With --replicas N the requests are dealt
+round-robin to N extractors, as N router processes behind one port receive a conversation's
+turns (bench_serving's pooled connections carry no affinity): a follow-up that reaches an
+extractor which has not seen its previous turn renders and tokenizes its history again.
 """
 
 from __future__ import annotations
@@ -71,12 +75,19 @@ def timed_tokenizer(spent: list[float]) -> Iterator[None]:
         PromptTokenizer._encode = original  # type: ignore[method-assign]
 
 
-def replay(conversations: Sequence[Sequence[dict[str, Any]]], page_size: int = 16) -> Cost:
+def replay(
+    conversations: Sequence[Sequence[dict[str, Any]]], page_size: int = 16, replicas: int = 1
+) -> Cost:
     """Extracts every request of `conversations` (bench_serving's agentic-trace rounds: each a
-    {"messages": [...]} of what the round adds) in interleaved order."""
+    {"messages": [...]} of what the round adds) in interleaved order, dealt round-robin to
+    `replicas` extractors."""
     chat = load_chat_tokenizer(None, str(TEMPLATE))
     # as the router keeps them with `--l3-view master` (compare's Mooncake config)
-    features = FeatureExtractor(chat, page_size=page_size, keep_text=False, keep_digests=True)
+    extractors = [
+        FeatureExtractor(chat, page_size=page_size, keep_text=False, keep_digests=True)
+        for _ in range(replicas)
+    ]
+    sent = 0
     history: list[list[dict[str, Any]]] = [[] for _ in conversations]
     times = {True: 0.0, False: 0.0}
     counts = {True: 0, False: 0}
@@ -88,6 +99,8 @@ def replay(conversations: Sequence[Sequence[dict[str, Any]]], page_size: int = 1
                     continue
                 history[i] = [*history[i], *rounds[k]["messages"]]
                 body = {"model": "m", "messages": history[i], "max_tokens": 32}
+                features = extractors[sent % replicas]
+                sent += 1
                 start = time.perf_counter()
                 f = features.from_chat(body)
                 times[k == 0] += time.perf_counter() - start
@@ -97,7 +110,7 @@ def replay(conversations: Sequence[Sequence[dict[str, Any]]], page_size: int = 1
     return Cost(counts[True], counts[False], times[True], times[False], spent[0], tokens)
 
 
-def report(cost: Cost, meta: dict[str, Any], argv: Sequence[str]) -> str:
+def report(cost: Cost, meta: dict[str, Any], argv: Sequence[str], replicas: int = 1) -> str:
     total = cost.first_s + cost.follow_s
     return "\n".join([
         "# Feature extraction per request, benchmarks.compare's workload replayed",
@@ -109,7 +122,12 @@ def report(cost: Cost, meta: dict[str, Any], argv: Sequence[str]) -> str:
         f"(mean first prompt {meta.get('mean_first_prompt_tokens')} tokens; "
         f"{cost.prompt_tokens // max(cost.requests, 1)} prompt tokens per request on average), "
         "rendered with the emulated workers' chat template and tokenized with their tokenizer, "
-        "one request at a time on one core, turn by turn across the conversations.",
+        "one request at a time on one core, turn by turn across the conversations"
+        + (
+            f", dealt round-robin to {replicas} extractors (as {replicas} router processes)."
+            if replicas > 1
+            else "."
+        ),
         "",
         "| requests | extraction (ms/request) | first turns (ms each) | follow-ups (ms each) | "
         "of which tokenizer (ms/request) |",
@@ -127,14 +145,23 @@ def main(argv: Sequence[str] | None = None) -> Cost:
     p.add_argument("--conversations", type=int, default=Setup().conversations)
     p.add_argument("--sessions", type=int, default=Setup().sessions)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/smetric-compare/extract-replay"))
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="deal the requests round-robin to this many extractors, as that many router "
+        "processes receive them (default 1: one router)",
+    )
     p.add_argument("--out", type=Path, help="write the report here (else print it)")
     a = p.parse_args(argv)
+    if a.replicas < 1:
+        p.error(f"--replicas must be >= 1, got {a.replicas}")
     a.work_dir.mkdir(parents=True, exist_ok=True)
     setup = replace(Setup(), conversations=a.conversations, sessions=a.sessions)
     load = workload(setup, None, a.work_dir)
     conversations = json.loads(load.path.read_text())["conversations"]
-    cost = replay(conversations)
-    text = report(cost, load.meta, list(argv) if argv is not None else [])
+    cost = replay(conversations, replicas=a.replicas)
+    text = report(cost, load.meta, list(argv) if argv is not None else [], a.replicas)
     if a.out is not None:
         a.out.write_text(text)
     print(text)

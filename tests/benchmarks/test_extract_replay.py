@@ -23,3 +23,12 @@ def test_every_request_of_the_workload_is_extracted_once(tmp_path: Path) -> None
     assert cost.prompt_tokens > 0
     assert PromptTokenizer._encode is encode  # the timing wrapper is gone afterwards
     assert f"| {sum(turns)} | " in out.read_text()
+
+
+def test_replicas_extract_the_same_prompts(tmp_path: Path) -> None:
+    """Dealt to several extractors, follow-ups start cold but come out the same."""
+    args = ["--conversations", "4", "--sessions", "20", "--work-dir", str(tmp_path / "w")]
+    one = main(args)
+    three = main([*args, "--replicas", "3"])
+    assert (three.requests, three.first_turns) == (one.requests, one.first_turns)
+    assert three.prompt_tokens == one.prompt_tokens
