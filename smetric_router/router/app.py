@@ -301,6 +301,7 @@ class RouterState:
                 SyncConfig(c.replica_sync_bind, c.replica_sync_peers),
                 workers.values,
                 limits=self.limits,
+                changed=self._registry.counts_changed,
             )
             await self.replica_sync.start()
             self.metrics.registry.register(SyncCollector(self.replica_sync))

@@ -32,7 +32,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -218,20 +218,30 @@ def with_bootstrap(body: dict[str, Any], prefill: Worker, n: int | None) -> byte
 class _Held:
     """What one attempt adds to its pair's counts, taken back exactly once."""
 
-    def __init__(self, prefill: Worker, decode: Worker, unprefilled: int, tokens: int) -> None:
+    def __init__(
+        self,
+        prefill: Worker,
+        decode: Worker,
+        unprefilled: int,
+        tokens: int,
+        counted: Callable[[], None] = lambda: None,
+    ) -> None:
         self.prefill, self.decode = prefill, decode
         self.unprefilled, self.tokens = unprefilled, tokens
         self.prefilling = self.decoding = True
+        self._counted = counted
         prefill.inflight += 1
         prefill.tokens += unprefilled
         decode.inflight += 1
         decode.tokens += tokens
+        counted()
 
     def prefill_done(self) -> None:
         if self.prefilling:
             self.prefilling = False
             self.prefill.inflight -= 1
             self.prefill.tokens -= self.unprefilled
+            self._counted()
 
     def release(self) -> None:
         self.prefill_done()
@@ -239,6 +249,7 @@ class _Held:
             self.decoding = False
             self.decode.inflight -= 1
             self.decode.tokens -= self.tokens
+            self._counted()
 
 
 @dataclass(slots=True)
@@ -434,7 +445,13 @@ class PdProxy:
         # What the prefill will not compute: its local hit, or what it loads from L3.
         w = pair.prefill.view.worker(prefill.url)
         hit = max(w.hit, w.l3_hit or 0) if w is not None else 0
-        held = _Held(prefill, decode, max(0, features.prompt_len - hit), features.prompt_len)
+        held = _Held(
+            prefill,
+            decode,
+            max(0, features.prompt_len - hit),
+            features.prompt_len,
+            self.registry.counted,
+        )
         # The prompt's pages count as held by the prefill until it is done (cluster/inflight.py).
         pending = self.prefill_router.hold(prefill.url, features)
         p_task = asyncio.create_task(self._prefill(prefill, path, payload, headers, pair, p_span))

@@ -351,6 +351,7 @@ class Proxy:
     ) -> tuple[str, Response | None]:
         """Open the request; a retryable failure comes back as (why, None)."""
         worker.inflight += 1
+        self.registry.counted()
         try:
             resp = await self.upstream.post(worker.url, path, headers, body, timeouts, trace)
         except Unreachable as e:
@@ -418,6 +419,7 @@ class Proxy:
             return whole
         finally:
             worker.inflight -= 1
+            self.registry.counted()
             resp.close()
 
     async def _whole(

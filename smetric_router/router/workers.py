@@ -298,11 +298,18 @@ class WorkerRegistry:
     # Circuits (smetric_router/breaker/), apart from health: None with --disable-circuit-breaker.
     breakers: Breakers | None = None
     workers: dict[str, Worker] = field(default_factory=dict)
+    # Set when a dispatch or an answer changes the router's own counts: what shares them with
+    # other replicas (replicas/sync.py) wakes on it instead of polling them.
+    counts_changed: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
     def max_load_age(self) -> float:
         return _STALE_POLLS * self.load_interval
+
+    def counted(self) -> None:
+        """The router's own counts changed (a request sent to a worker or answered)."""
+        self.counts_changed.set()
 
     def healthy(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.healthy]

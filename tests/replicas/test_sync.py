@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 
 from smetric_router.replicas.sync import VERSION, ReplicaSync, Snapshot, SyncConfig
@@ -167,3 +169,22 @@ def test_the_report_adds_only_the_uncached_tokens_no_syncing_router_sent() -> No
     w.reported_unprefilled = 100.0  # SGLang's waiting queue only: less than ours, no negative rest
     assert w.unprefilled_load(now=10.0, max_age=1.0) == 200
     assert w.unprefilled_load(now=12.0, max_age=1.0) == 200  # a stale report adds nothing
+
+
+async def test_a_change_wakes_the_sender_before_its_idle_poll() -> None:
+    changed = asyncio.Event()
+    config = SyncConfig("inproc://unused", (), send_every_s=0.0, idle_poll_s=3600.0)
+    sync = ReplicaSync(config, lambda: [Worker(A)], changed=changed)
+    look = asyncio.create_task(sync._wait())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not look.done()  # nothing changed: it waits (up to the idle poll)
+    changed.set()
+    await asyncio.wait_for(look, 10)
+    assert not changed.is_set()  # cleared before the snapshot it wakes for
+
+
+async def test_without_a_change_the_sender_still_looks_every_idle_poll() -> None:
+    config = SyncConfig("inproc://unused", (), send_every_s=0.0, idle_poll_s=0.01)
+    sync = ReplicaSync(config, lambda: [Worker(A)], changed=asyncio.Event())
+    await asyncio.wait_for(sync._wait(), 10)
