@@ -262,7 +262,7 @@ class Proxy:
                 # Its pages count as held there from now (no await since the decision) until it
                 # ends: a request routed meanwhile sees them (cluster/inflight.py).
                 hold = self.router.hold(worker.url, routed.features)
-                share = PrefillShare(worker, new_tokens(routed, worker.url))
+                share = PrefillShare(worker, new_tokens(routed, worker.url), self.registry.counted)
                 ran = False  # whether the worker took it (then its KV events are on the way)
                 # one span per attempt, siblings under the request's span
                 attempt = tracing.client_span("upstream", self._attempt_attributes(

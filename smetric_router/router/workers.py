@@ -206,15 +206,19 @@ class PrefillShare:
     """One request's share of its worker's unprefilled tokens, taken when it is sent and given back
     once, at its first byte or when it ends, whichever comes first."""
 
-    __slots__ = ("_tokens", "_worker")
+    __slots__ = ("_counted", "_tokens", "_worker")
 
-    def __init__(self, worker: Worker, tokens: int) -> None:
-        self._worker, self._tokens = worker, tokens
+    def __init__(
+        self, worker: Worker, tokens: int, counted: Callable[[], None] = lambda: None
+    ) -> None:
+        self._worker, self._tokens, self._counted = worker, tokens, counted
         worker.unprefilled += tokens
 
     def done(self) -> None:
-        self._worker.unprefilled -= self._tokens
-        self._tokens = 0
+        if self._tokens:
+            self._worker.unprefilled -= self._tokens
+            self._tokens = 0
+            self._counted()
 
 
 def page_size_of(server_info: dict[str, Any]) -> int | None:

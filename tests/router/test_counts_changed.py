@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 
 from smetric_router.router.pd import _Held
-from smetric_router.router.workers import Role, Worker
+from smetric_router.router.workers import PrefillShare, Role, Worker
 from tests.helpers.polling import eventually
 from tests.router.conftest import MakeRouter, MakeWorker
 
@@ -49,3 +49,13 @@ def test_a_pd_pair_counts_its_dispatch_its_prefill_and_its_end_once_each() -> No
     held.release()
     held.release()
     assert (decode.tokens, decode.inflight, len(calls)) == (0, 0, 3)
+
+
+def test_a_prefill_share_counts_its_first_byte_once() -> None:
+    calls: list[str] = []
+    worker = Worker("http://a:1")
+    share = PrefillShare(worker, 500, lambda: calls.append("changed"))
+    assert (worker.unprefilled, calls) == (500, [])  # the dispatch itself is counted by _send
+    share.done()
+    share.done()
+    assert (worker.unprefilled, len(calls)) == (0, 1)
