@@ -144,6 +144,12 @@ def main(argv: Sequence[str] | None = None) -> Cost:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--conversations", type=int, default=Setup().conversations)
     p.add_argument("--sessions", type=int, default=Setup().sessions)
+    p.add_argument(
+        "--max-turns",
+        type=int,
+        default=Setup().max_turns,
+        help="longest conversation kept, in turns (benchmarks.compare's default)",
+    )
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/smetric-compare/extract-replay"))
     p.add_argument(
         "--replicas",
@@ -157,7 +163,9 @@ def main(argv: Sequence[str] | None = None) -> Cost:
     if a.replicas < 1:
         p.error(f"--replicas must be >= 1, got {a.replicas}")
     a.work_dir.mkdir(parents=True, exist_ok=True)
-    setup = replace(Setup(), conversations=a.conversations, sessions=a.sessions)
+    setup = replace(
+        Setup(), conversations=a.conversations, sessions=a.sessions, max_turns=a.max_turns
+    )
     load = workload(setup, None, a.work_dir)
     conversations = json.loads(load.path.read_text())["conversations"]
     cost = replay(conversations, replicas=a.replicas)

@@ -6,7 +6,10 @@ so nothing short of rendering is exact), then tokenized and hashed only from the
 before the first character that differs from an earlier rendered prompt (rendered.render_from).
 The earlier prompt is found from the messages: a follow-up repeats an earlier request's message
 list and appends a few messages, which is confirmed by comparing the lists in C, and the
-template-ready form of those known messages is reused. A first turn starts from the last prompt
+template-ready form of those known messages is reused. When none of the last few requests of its
+conversation came here (router replicas behind one address each see a share of a conversation's
+turns), the latest one that did is found by the conversation's first two messages, so only the
+turns since are tokenized, not the whole history. A first turn starts from the last prompt
 that began with the same first message (a shared system prompt and tools).
 
 History (est_hit): the conversation through its last assistant message, as the template renders
@@ -45,6 +48,7 @@ from smetric_router.features.sglang_chat import (
 _PEEK = 32  # characters from each end of a message that go into its cache key
 _APPENDED = 8  # a follow-up is looked up as an earlier request plus up to this many messages
 _STARTS = 64  # first-message entries kept for first turns
+_OPENING = 2  # messages that name a conversation: its system prompt and first task
 _START_CHARS = 1 << 16  # of which the rendered beginning is kept
 
 
@@ -145,6 +149,10 @@ def _held(tip: _Tip) -> list[tuple[int, int]]:
     return held
 
 
+def _opening(messages: list[Any]) -> tuple[int, ...]:
+    return tuple(_peek(m) for m in messages[:_OPENING])
+
+
 def _peek(message: object) -> int:
     """A cheap fingerprint of a raw message (bounded work; equality is checked separately)."""
     if type(message) is not dict:
@@ -171,6 +179,9 @@ class ChatPrompts:
         self.page_size = page_size
         self._tips = _Tips(cache_entries, cache_bytes)
         self._starts: OrderedDict[int, Rendered] = OrderedDict()
+        # a conversation's opening -> the key of its latest request's entry in _tips
+        self._latest: OrderedDict[tuple[int, ...], tuple[int, int]] = OrderedDict()
+        self._latest_entries = cache_entries
         self._lock = threading.Lock()
 
     def prompt(self, body: Mapping[str, Any], budget: Budget = UNLIMITED) -> ChatPrompt:
@@ -248,6 +259,12 @@ class ChatPrompts:
             tip = self._tips.get((k, _peek(messages[k - 1])))
             if tip is not None and tip.messages == messages[:k]:
                 return k, tip
+        if n > _OPENING:
+            key = self._latest.get(_opening(messages))
+            if key is not None and key[0] <= n - _APPENDED:
+                tip = self._tips.get(key)
+                if tip is not None and tip.messages == messages[: key[0]]:
+                    return key[0], tip
         return 0, None
 
     def _remember(
@@ -263,7 +280,14 @@ class ChatPrompts:
             # the known messages are kept as the earlier request's objects, so entries of one
             # conversation share its message objects
             kept = (tip.messages if tip is not None else []) + messages[known:]
-            self._tips.put((n, _peek(messages[-1])), replace(new, messages=kept))
+            key = (n, _peek(messages[-1]))
+            self._tips.put(key, replace(new, messages=kept))
+            if n > _OPENING:
+                opening = _opening(messages)
+                self._latest[opening] = key
+                self._latest.move_to_end(opening)
+                if len(self._latest) > self._latest_entries:
+                    self._latest.popitem(last=False)
         if tip is None:
             first = _peek(messages[0])
             self._starts[first] = truncated(rendered, _START_CHARS)

@@ -205,6 +205,29 @@ def test_follow_up_tokenizes_only_what_follows_the_previous_prompt(
     assert spy.texts == []
 
 
+def test_a_follow_up_many_turns_on_tokenizes_only_the_turns_since(
+    sampler: TextSampler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a router replica sees it: the conversation's last requests went to other replicas."""
+    chat = load_chat_tokenizer(None, CODER)
+    extractor = FeatureExtractor(chat, page_size=16)
+    spy = Spy(chat, monkeypatch)
+    requests = agent_turns(sampler, 7, seed=11)
+    assert len(requests[-1]) - len(requests[1]) > 8  # beyond the look-back over appended ones
+    seen = extractor.from_chat({"messages": requests[1], "tools": TOOLS})
+    other = [requests[0][0], {"role": "user", "content": "another task"}]
+    extractor.from_chat({"messages": other, "tools": TOOLS})  # the same system prompt, last
+    spy.texts.clear()
+    body = {"messages": requests[-1], "tools": TOOLS}
+    f = extractor.from_chat(body)
+    assert spy.texts and sum(map(len, spy.texts)) < len(f.text) - len(seen.text) + 64
+    assert list(f.page_hashes) == page_hashes(cold_ids(chat, body), 16)
+    assert (f.turn, f.est_hit) == (
+        (g := FeatureExtractor(chat, page_size=16).from_chat(body)).turn,
+        g.est_hit,
+    )
+
+
 def test_rewritten_earlier_turn_is_retokenized_from_the_rewrite(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
