@@ -27,7 +27,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from smetric_router.core import tracing
 from smetric_router.features import bodies
@@ -50,6 +50,9 @@ _APPENDED = 8  # a follow-up is looked up as an earlier request plus up to this 
 _STARTS = 64  # first-message entries kept for first turns
 _OPENING = 2  # messages that name a conversation: its system prompt and first task
 _START_CHARS = 1 << 16  # of which the rendered beginning is kept
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,14 @@ def _held(tip: _Tip) -> list[tuple[int, int]]:
     if tip.loops is not None:
         held.append((id(tip.loops), tip.loops.bytes))
     return held
+
+
+def _put_newest(entries: OrderedDict[K, V], key: K, value: V, limit: int) -> None:
+    """entries[key] = value as the most recent entry, the least recent dropped beyond limit."""
+    entries[key] = value
+    entries.move_to_end(key)
+    if len(entries) > limit:
+        entries.popitem(last=False)
 
 
 def _opening(messages: list[Any]) -> tuple[int, ...]:
@@ -283,14 +294,8 @@ class ChatPrompts:
             key = (n, _peek(messages[-1]))
             self._tips.put(key, replace(new, messages=kept))
             if n > _OPENING:
-                opening = _opening(messages)
-                self._latest[opening] = key
-                self._latest.move_to_end(opening)
-                if len(self._latest) > self._latest_entries:
-                    self._latest.popitem(last=False)
+                _put_newest(self._latest, _opening(messages), key, self._latest_entries)
         if tip is None:
-            first = _peek(messages[0])
-            self._starts[first] = truncated(rendered, _START_CHARS)
-            self._starts.move_to_end(first)
-            if len(self._starts) > _STARTS:
-                self._starts.popitem(last=False)
+            _put_newest(
+                self._starts, _peek(messages[0]), truncated(rendered, _START_CHARS), _STARTS
+            )
