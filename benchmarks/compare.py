@@ -237,12 +237,21 @@ class Run:
 # --- processes ----------------------------------------------------------------------------------
 
 
-def _get(url: str, timeout: float = 5) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+def _get(url: str, timeout: float = 5, attempts: int = 3) -> tuple[int, bytes]:
+    """GET url; a read that times out is tried again, up to `attempts` in all: on 2 cores shared
+    with 8 workers and a Mooncake master a live router can miss one 5 s read, and a lost read of
+    its counters would end a sweep of an hour."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except (TimeoutError, urllib.error.URLError) as e:
+            timed_out = isinstance(e, TimeoutError) or isinstance(e.reason, TimeoutError)
+            if not timed_out or attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _post(url: str, body: dict[str, Any] | None = None, timeout: float = 30,
