@@ -93,12 +93,19 @@ class RouterDef:
 
 
 # the policies whose decisions say whether a follow-up stayed with its holder
-STICKY_POLICIES = ("smetric", "smetric-paper", "smetric-ftwork", "smetric-fetch")
+STICKY_POLICIES = (
+    "smetric",
+    "smetric-paper",
+    "smetric-ftwork",
+    "smetric-ftrecent",
+    "smetric-fetch",
+)
 
 ROUTERS: dict[str, RouterDef] = {
     "smetric": RouterDef("smetric", "smetric"),
     "smetric/smetric-paper": RouterDef("smetric", "smetric-paper"),
     "smetric/smetric-ftwork": RouterDef("smetric", "smetric-ftwork"),
+    "smetric/smetric-ftrecent": RouterDef("smetric", "smetric-ftrecent"),
     "smetric/smetric-fetch": RouterDef("smetric", "smetric-fetch"),
     "smetric/bailian": RouterDef("smetric", "bailian"),
     "smetric/lmetric": RouterDef("smetric", "lmetric"),

@@ -80,6 +80,10 @@ class WorkerView:
         was routed (a non-streamed request counts until its answer); this router's count plus the
         syncing replicas', plus what the worker's fresh report of its waiting queue holds beyond
         them (router/workers.py). 0 for PD instances, whose load is already counted in tokens.
+    recent_tokens: new prompt tokens (prompt minus the hit its view showed) routed to this worker
+        lately, summed with a half-life of RECENT_HALF_LIFE_S (core/decay.py): this router's and
+        the syncing replicas'. The sessions a worker was given come back to it between their
+        tool calls; a count of requests in flight sees only those mid-request.
     breaker_open: the worker's circuit takes no request now (open, or half-open with its probes
         all in flight; smetric_router/breaker/), though it may pass its health checks.
     """
@@ -95,6 +99,7 @@ class WorkerView:
     running: int | None = None
     unprefilled: int = 0
     breaker_open: bool = False
+    recent_tokens: float = 0.0
 
     @property
     def usable(self) -> bool:

@@ -77,6 +77,16 @@ class GlobalTier:
                 n = next(i for i, h in enumerate(head) if h in writing)
         return n
 
+    def readable(self, page_hashes: Sequence[int]) -> int:
+        """Leading pages readable as of the latest query, without advancing time or touching the
+        LRU order: what a router asking the store's master sees between the engine's steps (a
+        page still being written is not there yet)."""
+        n = leading_run(self._pages, page_hashes)
+        if n and self._writing:
+            writing = self._writing
+            n = next((i for i, h in enumerate(page_hashes[:n]) if h in writing), n)
+        return n
+
     def _settle(self, now: float) -> None:
         """Pages whose write completed by `now` become readable."""
         self._now = max(self._now, now)

@@ -9,6 +9,7 @@ from smetric_router.policies import (
     simple,
     smetric,
     smetric_fetch,
+    smetric_ftrecent,
     smetric_ftwork,
     smetric_paper,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "simple",
     "smetric",
     "smetric_fetch",
+    "smetric_ftrecent",
     "smetric_ftwork",
     "smetric_paper",
 ]

@@ -31,7 +31,6 @@ from smetric_router.core.types import ClusterView, Decision, Reason, RequestFeat
 from smetric_router.policies.base import (
     PolicyParams,
     healthy_or_raise,
-    least_load,
     lowest,
     recompute_cost,
     register,
@@ -49,6 +48,9 @@ class SMetric:
     # minimises (smetric_fetch.py counts what the global tier can load as fetched)
     cost: Callable[[WorkerView, RequestFeatures], float] = recompute_cost
     cost_reads_l3: bool = False
+    # what a first turn minimises before the load (smetric_ftwork.py, smetric_ftrecent.py);
+    # None: the load alone
+    first_key: Callable[[WorkerView], float] | None = None
 
     @property
     def uses_l3(self) -> bool:
@@ -59,10 +61,11 @@ class SMetric:
         hint = features.session_hint
         # A holder whose circuit is open still tells a follow-up from a first turn.
         if resolve_turn(features, [w for w in view.workers if w.healthy]) == 0:
-            if hint is not None:
-                chosen = home(hint, lowest(workers, [w.load for w in workers]))
-            else:
-                chosen = least_load(workers, view.tick)
+            least: Sequence[WorkerView] = workers
+            if self.first_key is not None:
+                least = lowest(workers, [self.first_key(w) for w in workers])
+            least = lowest(least, [w.load for w in least])
+            chosen = home(hint, least) if hint is not None else least[view.tick % len(least)]
             return Decision(chosen.url, Reason.FIRST_TURN_BALANCE.value)
 
         best_hit = max(w.hit for w in workers)

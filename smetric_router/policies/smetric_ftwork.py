@@ -15,40 +15,15 @@ the Mooncake conversation trace (no / full global tier). Not the default: the st
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from smetric_router.core.types import ClusterView, Decision, Reason, RequestFeatures
-from smetric_router.policies.base import PolicyParams, healthy_or_raise, lowest, register
-from smetric_router.policies.session_home import home
+from smetric_router.core.types import WorkerView
+from smetric_router.policies.base import PolicyParams, register
 from smetric_router.policies.smetric import SMetric
-from smetric_router.policies.turn import resolve_turn
 
 
-@dataclass(frozen=True, slots=True)
-class SMetricFirstByWork:
-    params: PolicyParams
-    name: str = "smetric-ftwork"
-    uses_text_tree: bool = False
-    follow_ups: SMetric = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "follow_ups", SMetric(self.params))
-
-    @property
-    def uses_l3(self) -> bool:
-        return self.follow_ups.uses_l3
-
-    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
-        workers = healthy_or_raise(view)
-        if resolve_turn(features, [w for w in view.workers if w.healthy]) != 0:
-            return self.follow_ups.decide(features, view)
-        least = lowest(workers, [w.unprefilled for w in workers])
-        least = lowest(least, [w.load for w in least])
-        hint = features.session_hint
-        chosen = home(hint, least) if hint is not None else least[view.tick % len(least)]
-        return Decision(chosen.url, Reason.FIRST_TURN_BALANCE.value)
+def unprefilled(worker: WorkerView) -> float:
+    return worker.unprefilled
 
 
 @register("smetric-ftwork")
-def _make(params: PolicyParams) -> SMetricFirstByWork:
-    return SMetricFirstByWork(params)
+def _make(params: PolicyParams) -> SMetric:
+    return SMetric(params, name="smetric-ftwork", first_key=unprefilled)

@@ -15,7 +15,11 @@ message is corrected by the next, and a restarted replica (a new id) starts from
 not heard for `expire_s` stops counting; the workers' reports then cover whatever it still has in
 flight, as they cover any router that does not sync. The counts enter the load rule beside the
 router's own (router/workers.py). A colocated worker's unprefilled tokens (what `smetric-ftwork`
-places first turns by) travel the same way, beside its request count.
+places first turns by) travel the same way, beside its request count. So do the new prompt tokens
+each replica has routed to each worker since it started (what `smetric-ftrecent` places first
+turns by, summed with a half-life): a total, so that a lost snapshot is folded into the next; a
+peer's increments are added to the worker's recent sum as they are heard, charged like spending
+(below: all of it from a peer's first snapshot, a baseline from a later one).
 
 The same snapshots carry what each replica's rate limits let through per tenant since it
 started (admission/buckets.py: RateLimiter.spent), and each replica charges a peer's increments
@@ -25,10 +29,10 @@ charged; one first heard later (this replica started after it) is a baseline onl
 spent before is already paid back in its own buckets or long refilled here.
 
 Wire: ZeroMQ PUB/SUB, one msgpack array per snapshot: [version, replica id, seq, {url: count},
-{tenant: [requests, tokens]}, {url: unprefilled tokens}]. Fields are only ever appended: a replica
-reads a shorter array with the missing ones empty and ignores trailing ones it does not know, so
-replicas one release apart still share what both know; `version` changes only when a field's
-meaning does.
+{tenant: [requests, tokens]}, {url: unprefilled tokens}, {url: new prompt tokens routed, ever}].
+Fields are only ever appended: a replica reads a shorter array with the missing ones empty and
+ignores trailing ones it does not know, so replicas one release apart still share what both
+know; `version` changes only when a field's meaning does.
 Every replica subscribes to every endpoint it is given, its own included (it skips its own id),
 so all replicas can be given the same list. Counts for a URL a replica does not serve are
 ignored: a forged message can skew load between configured workers, never route elsewhere.
@@ -71,6 +75,7 @@ class Snapshot(msgspec.Struct, array_like=True, frozen=True):
     counts: dict[str, int]
     spent: dict[str, tuple[float, float]] = {}
     unprefilled: dict[str, int] = {}
+    routed: dict[str, int] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +97,7 @@ class _Peer:
     heard_at: float
     spent: dict[str, tuple[float, float]]
     unprefilled: dict[str, int]
+    routed: dict[str, int]
 
 
 class ReplicaSync:
@@ -113,9 +119,7 @@ class ReplicaSync:
         self._clock = clock
         self._peers: dict[str, _Peer] = {}
         self._seq = 0
-        self._sent: tuple[dict[str, int], dict[str, tuple[float, float]], dict[str, int]] | None = (
-            None
-        )
+        self._sent: tuple[object, ...] | None = None
         self._sent_at = 0.0
         self._decoder = msgspec.msgpack.Decoder(Snapshot)
         self._encoder = msgspec.msgpack.Encoder()
@@ -171,14 +175,15 @@ class ReplicaSync:
         workers = list(self._workers())
         counts = {w.url: w.own for w in workers}
         unprefilled = {w.url: w.unprefilled for w in workers if w.role is Role.WORKER}
+        routed = {w.url: w.routed_total for w in workers if w.role is not Role.DECODE}
         spent = self._limits.spent() if self._limits is not None else {}
         now = self._clock()
-        state = (counts, spent, unprefilled)
+        state = (counts, spent, unprefilled, routed)
         if state == self._sent and now - self._sent_at < self.config.heartbeat_s:
             return None
         self._seq += 1
         self._sent, self._sent_at = state, now
-        snap = Snapshot(VERSION, self.replica, self._seq, counts, spent, unprefilled)
+        snap = Snapshot(VERSION, self.replica, self._seq, counts, spent, unprefilled, routed)
         return self._encoder.encode(snap)
 
     def receive(self, message: bytes) -> None:
@@ -198,11 +203,22 @@ class ReplicaSync:
         peer = self._peers.get(snap.replica)
         if peer is not None and snap.seq <= peer.seq:
             return  # older than what we hold
+        now = self._clock()
         if peer is not None or snap.seq == 1:
             self._charge(peer.spent if peer is not None else {}, snap.spent)
-        now = self._clock()
-        self._peers[snap.replica] = _Peer(snap.seq, snap.counts, now, snap.spent, snap.unprefilled)
+            self._add_routed(peer.routed if peer is not None else {}, snap.routed, now)
+        self._peers[snap.replica] = _Peer(
+            snap.seq, snap.counts, now, snap.spent, snap.unprefilled, snap.routed
+        )
         self._fold()
+
+    def _add_routed(self, before: dict[str, int], after: dict[str, int], now: float) -> None:
+        """Add what a peer routed to each worker since its previous snapshot to the worker's
+        recent tokens (WorkerView.recent_tokens), as of when it was heard."""
+        for w in self._workers():
+            added = after.get(w.url, 0) - before.get(w.url, 0)
+            if added > 0:
+                w.recent.add(added, now)
 
     def _charge(
         self, before: dict[str, tuple[float, float]], now: dict[str, tuple[float, float]]

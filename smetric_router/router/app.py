@@ -388,6 +388,7 @@ class RouterState:
                     if self.inflight is not None and w.role is not Role.DECODE
                     else None,
                     unprefilled=w.unprefilled_load(now, max_age) if w.role is Role.WORKER else None,
+                    recent_tokens=w.recent.value(now) if w.role is not Role.DECODE else None,
                 )
             )
         return out

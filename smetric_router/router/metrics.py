@@ -37,6 +37,7 @@ class WorkerSample:
     kv_stalls: int = 0
     inflight_pages: int | None = None  # None: no in-flight prefix view (or a decode worker)
     unprefilled: int | None = None  # None: a PD instance (its load is counted in tokens)
+    recent_tokens: float | None = None  # None: a decode instance (the router sends it no prompt)
 
 
 class _WorkerCollector(Collector):
@@ -94,6 +95,12 @@ class _WorkerCollector(Collector):
             "the worker reports waiting beyond those",
             labels=["worker"],
         )
+        recent = GaugeMetricFamily(
+            "smetric_worker_recent_tokens",
+            "New prompt tokens routed to the worker lately, halving every 5 minutes, as "
+            "smetric-ftrecent sees them: this router's and its syncing replicas'",
+            labels=["worker"],
+        )
         for s in self._sample():
             healthy.add_metric([s.url], 1.0 if s.healthy else 0.0)
             inflight.add_metric([s.url], s.inflight)
@@ -108,7 +115,9 @@ class _WorkerCollector(Collector):
                 pending.add_metric([s.url], s.inflight_pages)
             if s.unprefilled is not None:
                 unprefilled.add_metric([s.url], s.unprefilled)
-        gauges = [healthy, inflight, load, unprefilled, connected, pending]
+            if s.recent_tokens is not None:
+                recent.add_metric([s.url], s.recent_tokens)
+        gauges = [healthy, inflight, load, unprefilled, recent, connected, pending]
         return [*gauges, resets, gaps, decode_errors, stalls]
 
 

@@ -232,6 +232,7 @@ class _Held:
         self._counted = counted
         prefill.inflight += 1
         prefill.tokens += unprefilled
+        prefill.routed(unprefilled)
         decode.inflight += 1
         decode.tokens += tokens
         counted()

@@ -441,6 +441,7 @@ class Router:
                     load=w.load(now, max_age),
                     running=w.running(now, max_age),
                     unprefilled=w.unprefilled_load(now, max_age),
+                    recent_tokens=w.recent.value(now),
                     hit=local_hit,
                     gpu_hit=gpu_hit,
                     l3_hit=l3 if w.l3 else 0,

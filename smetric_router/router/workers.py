@@ -51,6 +51,7 @@ import orjson
 
 from smetric_router.breaker.board import UNTRACKED, Breakers
 from smetric_router.breaker.state import Outcome, Pass
+from smetric_router.core.decay import RECENT_HALF_LIFE_S, DecayingSum
 from smetric_router.core.tasks import cancel_and_wait
 from smetric_router.router.upstream import is_local
 
@@ -130,6 +131,10 @@ class Worker:
     unprefilled_peers: int = 0  # colocated: the syncing replicas' unprefilled tokens
     reported_unprefilled: float | None = None  # colocated: num_waiting_uncached_tokens
     unprefilled_at_report: int = 0  # unprefilled + unprefilled_peers when the report arrived
+    # new prompt tokens sent here, ever (the replicas' snapshots carry it), and lately, this
+    # router's and its peers' (WorkerView.recent_tokens)
+    routed_total: int = 0
+    recent: DecayingSum = field(default_factory=lambda: DecayingSum(RECENT_HALF_LIFE_S))
     page_size: int | None = None
     models: frozenset[str] = frozenset()
     context_length: int | None = None  # the model's, from /v1/models (max_model_len)
@@ -163,6 +168,11 @@ class Worker:
         seen = self.unprefilled + self.unprefilled_peers
         report = self.reported_unprefilled
         return int(_with_foreign(seen, report, self.unprefilled_at_report, fresh))
+
+    def routed(self, tokens: int) -> None:
+        """This router sent the worker a request with `tokens` new prompt tokens."""
+        self.routed_total += tokens
+        self.recent.add(tokens, time.monotonic())
 
     def running(self, now: float, max_age: float) -> int | None:
         if self.role is not Role.WORKER or now - self.reported_at > max_age:
@@ -213,6 +223,7 @@ class PrefillShare:
     ) -> None:
         self._worker, self._tokens, self._counted = worker, tokens, counted
         worker.unprefilled += tokens
+        worker.routed(tokens)
 
     def done(self) -> None:
         if self._tokens:

@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from smetric_router.cluster.text_tree import TextTree
+from smetric_router.core.decay import RECENT_HALF_LIFE_S, DecayingSum
 from smetric_router.core.types import ClusterView, RequestFeatures, WorkerView
 from smetric_router.engine.api import EngineRequest, StepResult
 from smetric_router.engine.engine import Engine
@@ -208,6 +209,7 @@ class Cluster:
         self._seq = 0
         self._load = [0] * cfg.instances
         self._unprefilled = [0] * cfg.instances
+        self._recent = [DecayingSum(RECENT_HALF_LIFE_S) for _ in range(cfg.instances)]
         self._share: dict[int, int] = {}  # request -> its new tokens, until its first token
         self._records: list[RequestRecord] = []
         self._windows: list[list[float]] = []
@@ -325,7 +327,7 @@ class Cluster:
             hashes = mapper.pages(req, n)
             prompt_pages = hashes[: req.input_len // ps]
             features = router_features(req, prompt_pages, ps, text, cfg.session_hints)
-            idx, hit = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
+            idx, hit = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng, t)
             if req.turn == 0:
                 session_first[req.session] = idx
             first = session_first.get(req.session, -1)
@@ -335,6 +337,7 @@ class Cluster:
             self._load[idx] += 1
             new = max(req.input_len - hit, 0)
             self._unprefilled[idx] += new
+            self._recent[idx].add(new, t)
             self._share[n] = new
             self._dispatch(
                 self.instances[idx],
@@ -355,7 +358,12 @@ class Cluster:
         )
 
     def _decide(
-        self, features: RequestFeatures, cacheable: list[int], tick: int, rng: random.Random
+        self,
+        features: RequestFeatures,
+        cacheable: list[int],
+        tick: int,
+        rng: random.Random,
+        now: float,
     ) -> tuple[int, int]:
         """The instance the policy chose and the local hit its view showed there."""
         ps = self.cfg.page_size
@@ -364,6 +372,7 @@ class Cluster:
         if tree is not None:
             text_match = tree.match(features.text)
         workers = []
+        l3 = self.global_tier.readable(cacheable) * ps if self.global_tier is not None else 0
         for i, inst in enumerate(self.instances):
             gpu, host = inst.engine.cache.match_len(cacheable)
             url = self.urls[i]
@@ -372,14 +381,15 @@ class Cluster:
                     url=url,
                     load=self._load[i],
                     unprefilled=self._unprefilled[i],
+                    recent_tokens=self._recent[i].value(now),
                     running=inst.engine.num_running_reqs,
                     hit=(gpu + host) * ps,
                     gpu_hit=gpu * ps,
+                    l3_hit=l3,
                     text_match=text_match.get(url, 0),
                     text_tree_size=tree.size(url) if tree is not None else 0,
                 )
             )
-        # l3_hit stays 0 (no L3 view): the simulator's results predate the L3-aware guard
         view = ClusterView(tuple(workers), tick, rng.getrandbits(64))
         url = self.policy.decide(features, view).worker
         if tree is not None:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from smetric_router.core.decay import RECENT_HALF_LIFE_S, DecayingSum
 from smetric_router.core.types import ClusterView, RequestFeatures, WorkerView
 from smetric_router.engine.api import EngineRequest, StepResult
 from smetric_router.engine.engine import Engine
@@ -119,6 +120,7 @@ class PdCluster:
         self._seq = 0
         self._records: list[RequestRecord] = []
         self._held: dict[int, int] = {}  # request -> unprefilled tokens it adds to its instance
+        self._recent = [DecayingSum(RECENT_HALF_LIFE_S) for _ in range(cfg.instances)]
         self._windows: list[list[float]] = []
         self._tokens: list[list[float]] = []
 
@@ -219,7 +221,7 @@ class PdCluster:
             hashes = pages[n].tolist() if pages is not None else mapper.pages(req, n)
             prompt_pages = hashes[: req.input_len // ps]
             features = router_features(req, prompt_pages, ps, session_hint=self.cfg.session_hints)
-            idx, hit = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng)
+            idx, hit = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng, t)
             if req.turn == 0:
                 session_first[req.session] = idx
             first = session_first.get(req.session, -1)
@@ -229,6 +231,7 @@ class PdCluster:
             inst = self.instances[idx]
             unprefilled = max(0, req.input_len - hit)
             self._held[n] = unprefilled
+            self._recent[idx].add(unprefilled, t)
             self._add_load(inst, t, unprefilled)
             if inst.port is not None:
                 inst.port.now = t  # a prefetch starts at the arrival
@@ -250,16 +253,27 @@ class PdCluster:
         )
 
     def _decide(
-        self, features: RequestFeatures, cacheable: list[int], tick: int, rng: random.Random
+        self,
+        features: RequestFeatures,
+        cacheable: list[int],
+        tick: int,
+        rng: random.Random,
+        now: float,
     ) -> tuple[int, int]:
         """The chosen instance and the local hit the view showed for it."""
         ps = self.cfg.page_size
         workers = []
+        l3 = self.global_tier.readable(cacheable) * ps if self.global_tier is not None else 0
         for i, inst in enumerate(self.instances):
             gpu, host = inst.engine.cache.match_len(cacheable)
             workers.append(
                 WorkerView(
-                    url=self.urls[i], load=inst.load, hit=(gpu + host) * ps, gpu_hit=gpu * ps
+                    url=self.urls[i],
+                    load=inst.load,
+                    hit=(gpu + host) * ps,
+                    gpu_hit=gpu * ps,
+                    l3_hit=l3,
+                    recent_tokens=self._recent[i].value(now),
                 )
             )
         view = ClusterView(tuple(workers), tick, rng.getrandbits(64))

@@ -18,6 +18,7 @@ def w(
     l3: int | None = 0,
     running: int | None = None,
     unprefilled: int = 0,
+    recent: float = 0.0,
 ) -> WorkerView:
     return WorkerView(
         url="",
@@ -30,6 +31,7 @@ def w(
         text_tree_size=tree,
         running=running,
         unprefilled=unprefilled,
+        recent_tokens=recent,
     )
 
 

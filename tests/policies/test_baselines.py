@@ -11,6 +11,7 @@ def test_registry_lists_every_policy_and_rejects_unknown_names() -> None:
         "smetric",
         "smetric-paper",
         "smetric-ftwork",
+        "smetric-ftrecent",
         "smetric-fetch",
         "bailian",
         "lmetric",

@@ -6,6 +6,7 @@ import asyncio
 
 import msgspec
 
+from smetric_router.core.decay import RECENT_HALF_LIFE_S
 from smetric_router.replicas.sync import VERSION, ReplicaSync, Snapshot, SyncConfig
 from smetric_router.router.workers import Role, Worker
 from tests.helpers.clock import FakeClock
@@ -145,6 +146,34 @@ def test_a_peers_unprefilled_tokens_count_on_the_same_colocated_worker() -> None
     theirs[1].unprefilled = 0  # its first token came back
     hand_over(peer, me)
     assert mine[1].unprefilled_load(now=0.0, max_age=1.0) == 0
+
+
+def test_a_peers_routed_tokens_add_to_the_same_workers_recent_sum() -> None:
+    mine, theirs, me, peer, clock = pair()
+    theirs[1].routed_total = 700
+    hand_over(peer, me)  # its first snapshot: everything it routed counts
+    assert [w.recent.value(clock()) for w in mine] == [0, 700]
+    theirs[1].routed_total = 1000
+    hand_over(peer, me)
+    assert mine[1].recent.value(clock()) == 1000
+    assert [w.routed_total for w in mine] == [0, 0]  # the own total is left alone
+    clock.advance(RECENT_HALF_LIFE_S)
+    assert mine[1].recent.value(clock()) == 500
+    clock.advance(peer.config.heartbeat_s)
+    hand_over(peer, me)  # a heartbeat repeats the total: nothing is added twice
+    assert mine[1].recent.value(clock()) < 500
+
+
+def test_a_peer_first_heard_late_adds_only_what_it_routes_from_then() -> None:
+    mine, theirs, me, peer, clock = pair()
+    theirs[0].routed_total = 5000
+    assert peer.snapshot() is not None  # lost: this replica was not listening yet
+    theirs[0].routed_total = 5200
+    hand_over(peer, me)
+    assert mine[0].recent.value(clock()) == 0
+    theirs[0].routed_total = 5300
+    hand_over(peer, me)
+    assert mine[0].recent.value(clock()) == 100
 
 
 def test_a_peer_one_release_behind_still_shares_its_request_counts() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from smetric_router.core.decay import RECENT_HALF_LIFE_S
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures
 from smetric_router.engine.global_tier import GlobalTier
 from smetric_router.engine.timing import TimingModel
@@ -136,6 +137,18 @@ def test_a_stored_page_is_not_readable_before_its_write_completes(capacity: floa
     assert tier.lookup([1, 2, 3], now=7.0) == 3
     assert tier.peek([1, 2, 3]) == 3  # no time given: everything stored counts
     assert tier.missing([3, 4, 4, 5]) == [4, 5]
+
+
+def test_readable_is_what_the_latest_query_could_read_and_moves_nothing() -> None:
+    tier = GlobalTier(3 * PS, page_size=PS)
+    tier.store([1, 2], ready_at=5.0)
+    tier.store([3], ready_at=7.0)
+    assert tier.readable([1, 2, 3]) == 0  # no query has reached 5 s yet
+    assert tier.peek([9], now=6.0) == 0
+    assert tier.readable([1, 2, 3]) == 2  # 3 is still being written at 6 s
+    assert tier.readable([2, 3]) == 1
+    tier.store([4], ready_at=0.0)  # evicts the least recent: readable() did not touch 1
+    assert tier.readable([1]) == 0
 
 
 def test_write_through_queues_on_the_link_and_is_readable_only_after_it() -> None:
@@ -342,6 +355,58 @@ class _Recorder:
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         self.seen += [(w.hit, w.gpu_hit) for w in view.workers]
         return self.inner.decide(features, view)
+
+
+class _L3Recorder(_Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l3: list[int | None] = []
+
+    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+        self.l3 += [w.l3_hit for w in view.workers]
+        return super().decide(features, view)
+
+
+@pytest.mark.parametrize("ratio", [0.0, math.inf])
+def test_the_policies_see_what_the_global_tier_holds_as_the_router_would(ratio: float) -> None:
+    # one GPU that holds ~1.5 prompts: the follow-ups' histories are gone from it by the time
+    # they come back, and with a global tier the master still holds them
+    cfg = SimConfig(instances=2, gpu_kv_tokens=1200, tier_mode="paper")
+    rec = _L3Recorder()
+    cluster.Cluster(cfg, rec, ratio).run(_trace(4, 3))
+    assert len(rec.l3) == 2 * 12
+    pairs = list(zip(rec.l3[::2], rec.l3[1::2], strict=True))
+    assert all(a == b for a, b in pairs)  # one store: the same figure for every worker
+    if ratio == 0:
+        assert set(rec.l3) == {0}
+    else:
+        assert any(l3 and l3 > hit for l3, (hit, _) in zip(rec.l3, rec.seen, strict=True))
+
+
+class _RecentRecorder(_Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.recent: list[tuple[float, ...]] = []
+
+    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+        self.recent.append(tuple(w.recent_tokens for w in view.workers))
+        return super().decide(features, view)
+
+
+def test_the_policies_see_the_new_tokens_sent_to_each_instance_lately() -> None:
+    # three unrelated first turns, one half-life apart, round robin over two instances
+    reqs = [
+        TraceRequest(
+            req_id=f"r{k}", arrival_s=k * RECENT_HALF_LIFE_S, session=f"s{k}", parent=None,
+            turn=0, input_len=64 * PS, output_len=4,
+            block_ids=tuple(range(1000 * k, 1000 * k + 64)), block_size=PS,
+        )
+        for k in range(3)
+    ]  # fmt: skip
+    rec = _RecentRecorder()
+    cluster.Cluster(SimConfig(instances=2), rec, 0.0).run(with_carried_history(reqs))
+    half, quarter = pytest.approx(64 * PS / 2), pytest.approx(64 * PS / 4)
+    assert rec.recent == [(0.0, 0.0), (half, 0.0), (quarter, half)]
 
 
 @pytest.mark.parametrize("tier_mode", ["paper", "hicache"])
