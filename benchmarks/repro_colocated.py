@@ -3,7 +3,8 @@ global-tier figures (provisioning, NICs per server, a degraded link) and the acc
 
     python -m benchmarks.repro_colocated FIGURE [--jobs N]
     FIGURE: bailian_lambda, fig9, fig11, fig12, fig14, fig15, fig25, provisioning, nics, sampling,
-            scale, degraded_link, acceptance, all; plan, probe, reuse, moves (diagnostics)
+            scale, degraded_link, acceptance, first_turn, all;
+            plan, probe, reuse, moves (diagnostics)
 
 The study's trace comes from ONE place, `STUDY` below (the generator command, the trace seeds, the
 replayed window); the script generates a missing trace with exactly that command. Every run is
@@ -46,7 +47,7 @@ import orjson
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures
 from smetric_router.engine.timing import load_profile
 from smetric_router.policies import make_policy, policy_names
-from smetric_router.policies.base import PolicyParams
+from smetric_router.policies.base import PolicyParams, registered_in
 from smetric_router.sim.cluster import Cluster, RunResult, arrival_order
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.metrics import last_arrival_window, summarize, window_imbalance
@@ -132,12 +133,16 @@ def _policy_hashes() -> dict[str, str]:
     other policies' own modules, so that changing one policy re-runs its rows and no other's.
     Read once, at import: the code that runs is the code imported then, and an edit made while
     a figure runs must not give the old code's rows the new code's key."""
-    files = {n: sys.modules[type(make_policy(n)).__module__].__file__ for n in policy_names()}
+    files = {
+        n: {sys.modules[m].__file__ for m in (type(make_policy(n)).__module__, registered_in(n))}
+        for n in policy_names()
+    }
+    anyones = set().union(*files.values())
     out = {}
     for name, own in files.items():
         h = hashlib.sha256()
         for f in sorted((REPO / "smetric_router" / "policies").glob("*.py")):
-            if str(f) == own or str(f) not in files.values():
+            if str(f) in own or str(f) not in anyones:
                 h.update(f.name.encode())
                 h.update(f.read_bytes())
         out[name] = h.hexdigest()[:6]
@@ -1285,6 +1290,68 @@ def scale() -> None:
     write("scale", "The guards at 8 instances and on the Mooncake trace", body, rows)
 
 
+# First-turn placement and the L3-aware cost against the default, beside the best baselines.
+FT_POLICIES = ("smetric", "smetric-ftrecent", "smetric-fetch", "lmetric-inflight", "lmetric")
+FT_BASELINES = ("lmetric-inflight", "lmetric")
+
+
+def _ft_cells() -> dict[str, tuple[list[tuple[int, int]], tuple[float, ...]]]:
+    """(trace seed, instances) per setting, and its rate sweep: the study's three generated
+    traces at 32 instances, and the Mooncake trace at 8 (as the scale figure runs it)."""
+    return {
+        "generated, 32": ([(t, 32) for t in SEEDS], SWEEP),
+        f"Mooncake, {SCALE_INSTANCES}": ([(MOONCAKE, SCALE_INSTANCES)], MOONCAKE_SWEEP),
+    }
+
+
+def first_turn_specs() -> list[Spec]:
+    return [
+        Spec(p, r, g, t, instances=n) for cells, rates in _ft_cells().values() for t, n in cells
+        for g in RATIOS for p in FT_POLICIES for r in rates
+    ]  # fmt: skip
+
+
+def first_turn() -> None:
+    rows = runs(first_turn_specs())
+    body = [
+        "`smetric-ftrecent` places a session's first request on the worker given the fewest new "
+        "prompt tokens lately (WorkerView.recent_tokens: prompt minus the hit its view showed, "
+        "summed with a 5-minute half-life) instead of the fewest requests in flight; "
+        "`smetric-fetch` counts what the global tier holds as fetched at 0.08 of a prefill in its "
+        "move costs (the simulator gives policies the tier's figure as the router's master view "
+        "would). Both decide follow-ups otherwise as `smetric`. Max TPS within SLO over each "
+        "cell's rate sweep (generated: rates "
+        f"{', '.join(f'{r:g}' for r in SWEEP)} x {BASE_RATE} x the trace's rate, trace seeds "
+        f"{', '.join(map(str, SEEDS))}; Mooncake: the conversation trace replayed whole at "
+        f"{', '.join(f'{r:g}' for r in MOONCAKE_SWEEP)} x {MOONCAKE_BASE_RATE:g} x its rate x "
+        f"{SCALE_INSTANCES}/32), mean [min–max] over the seeds; ratios taken per seed.",
+        "",
+    ]
+    head = ("setting", "global", *FT_POLICIES, "ftrecent / smetric", "fetch / smetric",
+            "smetric / best baseline", "ftrecent / best baseline")  # fmt: skip
+    table = []
+    for name, (cells, rates) in _ft_cells().items():
+        for g in RATIOS:
+            top = {
+                (p, t): max(runs([Spec(p, r, g, t, instances=n) for r in rates]),
+                            key=lambda x: x["tps_within_slo"])["tps_within_slo"]
+                for p in FT_POLICIES for t, n in cells
+            }  # fmt: skip
+            seeds = [t for t, _ in cells]
+            own = {t: top[("smetric", t)] for t in seeds}
+            base = {t: max(top[(b, t)] for b in FT_BASELINES) for t in seeds}
+            table.append((
+                name, gx(g), *[spread(top[(p, t)] for t in seeds).fmt(",.0f")
+                               for p in FT_POLICIES],
+                *[spread(top[(p, t)] / ref[t] for t in seeds).fmt()
+                  for p, ref in (("smetric-ftrecent", own), ("smetric-fetch", own),
+                                 ("smetric", base), ("smetric-ftrecent", base))],
+            ))  # fmt: skip
+    body += md_table(head, table)
+    write("first_turn", "First turns by the tokens sent lately, and the L3-aware cost "
+          "(simulator, modelled)", body, rows)  # fmt: skip
+
+
 def working_set(seed: int) -> float:
     """Distinct prompt tokens of the replayed window, x the cluster's GPU KV."""
     reqs = trace(seed)
@@ -1646,6 +1713,7 @@ FIGS: dict[str, Figure] = {
     "session_hints": Figure(session_hints, hints_specs),
     "sampling": Figure(sampling, sampling_specs),
     "scale": Figure(scale, scale_specs),
+    "first_turn": Figure(first_turn, first_turn_specs),
 }
 
 

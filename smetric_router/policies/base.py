@@ -156,6 +156,13 @@ def policy_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def registered_in(name: str) -> str:
+    """The module that registers the policy: with its class's module, the policy's own source (a
+    variant may register another policy's class with other settings, e.g. smetric_fetch.py)."""
+    _load_builtin()
+    return _REGISTRY[name].__module__
+
+
 def make_policy(name: str, params: PolicyParams | None = None) -> Policy:
     _load_builtin()
     try:

@@ -13,8 +13,10 @@ token's KV relative to prefilling it, from the H20 Qwen3-30B-A3B profile (engine
 per token over one 200 Gb/s NIC and PCIe is 6.5 us, prefill 70-94 us per token (2K-16K tokens).
 Without an L3 figure (0, or None while the tier's state is unknown) it is `smetric` exactly.
 The tier holds the same prefix for every worker, so l3 alone never picks one: it shrinks the
-gap between the holder and the others. Not the default: measured on emulated workers only
-(benchmarks/results/README.md); the simulator gives policies no L3 figure.
+gap between the holder and the others. Not the default: in the simulator (modelled; 32 instances,
+full global tier, 3 trace seeds; benchmarks/results/first_turn.md) it was level with
+`smetric` (1.001x [0.992-1.014] max TPS within SLO), and on 8 emulated workers over a real store
+inside `smetric`'s spread (benchmarks/results/README.md).
 """
 
 from __future__ import annotations

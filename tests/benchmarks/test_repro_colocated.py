@@ -56,6 +56,23 @@ def test_a_policys_key_follows_its_own_sources_only(monkeypatch: pytest.MonkeyPa
     assert rc._policy_hashes() == rc.POLICY_HASH | {"smetric": rc._policy_hashes()["smetric"]}
 
 
+def test_a_variant_registering_anothers_class_keys_on_its_own_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """smetric_fetch.py registers smetric's class with another cost: an edit there re-runs
+    smetric-fetch's rows, not smetric's nor any other policy's."""
+    before = rc._policy_hashes()
+    read = Path.read_bytes
+
+    def edited(self: Path) -> bytes:
+        data = read(self)
+        return data + b"# edited" if self.name == "smetric_fetch.py" else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    after = rc._policy_hashes()
+    assert {p for p in before if before[p] != after[p]} == {"smetric-fetch"}
+
+
 def test_the_cache_key_names_the_study_window(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = rc.Spec("smetric", 1.5)
     before = spec.key()
