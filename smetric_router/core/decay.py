@@ -32,7 +32,3 @@ class DecayingSum:
     def add(self, amount: float, now: float) -> None:
         self._value = self.value(now) + amount
         self._at = max(self._at, now)
-
-    def set(self, value: float, now: float) -> None:
-        """Replace the sum by `value` as of `now` (a peer's snapshot of its own sum)."""
-        self._value, self._at = value, now

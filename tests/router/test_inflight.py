@@ -4,21 +4,15 @@ KV event yet) sticks to the worker it was sent to; chat first turns stay balance
 from __future__ import annotations
 
 import asyncio
-import random
 from typing import Any
 
 import aiohttp
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.core.kv_events import GPU, BlockRemoved, KVEventBatch
+from tests.helpers.generate import ids
 from tests.helpers.polling import eventually
 from tests.router.conftest import MakeRouter, MakeWorker
-
-
-def ids(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(1000, 30000) for _ in range(n)]
-
 
 ROUND_1 = ids(1, 200)
 ROUND_2 = ROUND_1 + ids(2, 120)  # round 1 + its reply + the next user message

@@ -5,16 +5,17 @@ workers."""
 from __future__ import annotations
 
 import math
-import random
-from typing import Any
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from smetric_router.cluster.kv_index import KvIndex
 from smetric_router.core.decay import DecayingSum
+from tests.helpers.generate import ids, post
+from tests.helpers.prometheus import value
 from tests.router.conftest import MakeRouter, MakeWorker
+
+RECENT = "smetric_worker_recent_tokens"
 
 
 def test_a_decaying_sum_halves_every_half_life_and_adds_on_top() -> None:
@@ -26,34 +27,12 @@ def test_a_decaying_sum_halves_every_half_life_and_adds_on_top() -> None:
     s.add(100, now=110.0)
     assert s.value(110.0) == pytest.approx(500)
     assert s.value(105.0) == pytest.approx(500)  # an earlier time reads the latest value
-    s.set(40, now=200.0)
-    assert s.value(210.0) == pytest.approx(20)
 
 
 @pytest.mark.parametrize("half_life", [0.0, -1.0, math.nan])
 def test_a_half_life_that_is_not_positive_is_refused(half_life: float) -> None:
     with pytest.raises(ValueError, match="half_life"):
         DecayingSum(half_life)
-
-
-def ids(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(1000, 30000) for _ in range(n)]
-
-
-async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, str]:
-    async with http.post(url, json=body) as resp:
-        await resp.read()
-        return resp.status, resp.headers.get("x-smetric-worker", "")
-
-
-def recent_gauge(text: str) -> dict[str, float]:
-    return {
-        s.labels["worker"]: s.value
-        for fam in text_string_to_metric_families(text)
-        if fam.name == "smetric_worker_recent_tokens"
-        for s in fam.samples
-    }
 
 
 async def test_first_turns_go_where_the_fewest_tokens_were_sent_lately(
@@ -67,13 +46,14 @@ async def test_first_turns_go_where_the_fewest_tokens_were_sent_lately(
         assert status == 200
         small = b.url if big == a.url else a.url
         async with http.get(router.url + "/metrics") as resp:
-            sent = recent_gauge(await resp.text())
-        assert sent[big] == pytest.approx(600, rel=1e-3) and sent[small] == 0
+            text = await resp.text()
+        assert value(text, RECENT, worker=big) == pytest.approx(600, rel=1e-3)
+        assert value(text, RECENT, worker=small) == 0
         # Nothing is in flight anywhere now; every later first turn is smaller than the first,
         # so each goes to the other worker, where round-robin would alternate.
         for seed in (2, 3, 4):
             status, chosen = await post(http, url, {"input_ids": ids(seed, 150)})
             assert (status, chosen) == (200, small)
         async with http.get(router.url + "/metrics") as resp:
-            sent = recent_gauge(await resp.text())
-        assert sent[small] == pytest.approx(450, rel=1e-3)
+            text = await resp.text()
+        assert value(text, RECENT, worker=small) == pytest.approx(450, rel=1e-3)

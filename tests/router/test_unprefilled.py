@@ -5,25 +5,13 @@ turns by them; through HTTP with fake workers holding their answers."""
 from __future__ import annotations
 
 import asyncio
-import random
-from typing import Any
 
 import aiohttp
 
 from smetric_router.cluster.kv_index import KvIndex
+from tests.helpers.generate import ids, post
 from tests.helpers.polling import eventually
 from tests.router.conftest import MakeRouter, MakeWorker
-
-
-def ids(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(1000, 30000) for _ in range(n)]
-
-
-async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, str]:
-    async with http.post(url, json=body) as resp:
-        await resp.read()
-        return resp.status, resp.headers.get("x-smetric-worker", "")
 
 
 async def test_new_tokens_count_until_the_first_byte_and_first_turns_avoid_them(
