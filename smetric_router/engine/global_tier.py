@@ -67,15 +67,11 @@ class GlobalTier:
 
     def peek(self, page_hashes: Sequence[int], now: float = math.inf) -> int:
         """Leading pages readable at `now`, without touching the LRU order."""
-        n = leading_run(self._pages, page_hashes)
-        if not math.isinf(now) and self._writes and self._writes[0][0] <= now:
+        if math.isinf(now):
+            return leading_run(self._pages, page_hashes)
+        if self._writes and self._writes[0][0] <= now:
             self._settle(now)
-        if n and self._writing and not math.isinf(now):
-            writing = self._writing
-            head = page_hashes[:n]
-            if not writing.keys().isdisjoint(head):
-                n = next(i for i, h in enumerate(head) if h in writing)
-        return n
+        return self.readable(page_hashes)
 
     def readable(self, page_hashes: Sequence[int]) -> int:
         """Leading pages readable as of the latest query, without advancing time or touching the
@@ -84,7 +80,9 @@ class GlobalTier:
         n = leading_run(self._pages, page_hashes)
         if n and self._writing:
             writing = self._writing
-            n = next((i for i, h in enumerate(page_hashes[:n]) if h in writing), n)
+            head = page_hashes[:n]
+            if not writing.keys().isdisjoint(head):
+                n = next(i for i, h in enumerate(head) if h in writing)
         return n
 
     def _settle(self, now: float) -> None:
