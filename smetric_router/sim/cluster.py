@@ -72,6 +72,7 @@ class RequestRecord:
     cached_global: int = 0  # prompt tokens fetched from the global tier
     first_token: float = -1.0
     finish: float = -1.0
+    trace_index: int = -1  # its request's index in the trace
 
 
 __all__ = ["Cluster", "RequestRecord", "RunResult", "add_to_windows", "engine_setup", "simulate"]
@@ -185,6 +186,30 @@ def router_features(
     )
 
 
+class _Followers:
+    """The requests whose parent is in the trace, released when the parent's reply ends
+    (SimConfig.follow_ups). A parent later in the trace than its child is not waited for: the
+    child could never arrive."""
+
+    def __init__(
+        self, trace: Sequence[TraceRequest], at: list[float], rank: list[int], mode: str
+    ) -> None:
+        index = {req.req_id: i for i, req in enumerate(trace)}
+        self.at, self.rank, self.on_reply = at, rank, mode == "on-reply"
+        self.root = [True] * len(trace)
+        self.children: list[list[int]] = [[] for _ in trace]
+        for i, req in enumerate(trace):
+            p = index.get(req.parent) if req.parent is not None else None
+            if p is not None and p != i and rank[p] < rank[i]:
+                self.children[p].append(i)
+                self.root[i] = False
+
+    def release(self, parent: int, t: float, pending: list[tuple[float, int, int]]) -> None:
+        for i in self.children[parent]:
+            arrive = t if self.on_reply else max(t, self.at[i])
+            heapq.heappush(pending, (arrive, self.rank[i], i))
+
+
 class Cluster:
     def __init__(
         self,
@@ -213,6 +238,8 @@ class Cluster:
         self._share: dict[int, int] = {}  # request -> its new tokens, until its first token
         self._records: list[RequestRecord] = []
         self._windows: list[list[float]] = []
+        self._pending: list[tuple[float, int, int]] = []  # arrivals to come
+        self._follow: _Followers | None = None
 
     # ---- events -------------------------------------------------------------------------------
 
@@ -224,6 +251,7 @@ class Cluster:
 
     def _run_events(self, until: float) -> None:
         heap = self._heap
+        pending = self._pending
         while heap and heap[0][0] <= until:
             t, _, idx, version = heapq.heappop(heap)
             inst = self.instances[idx]
@@ -232,6 +260,8 @@ class Cluster:
             if inst.result is not None:
                 self._deliver(inst, inst.result, t)
                 inst.result = None
+                if pending and pending[0][0] < until:
+                    until = pending[0][0]  # a follow-up sent on this reply comes first
             if inst.plan_k:
                 self._apply_run(inst, inst.plan_k, math.inf)
             self._start_step(inst, t)
@@ -292,6 +322,8 @@ class Cluster:
         for rid in res.finished:
             records[int(rid)].finish = t
             self._load[inst.idx] -= 1
+            if self._follow is not None:
+                self._follow.release(records[int(rid)].trace_index, t, self._pending)
 
     def _account(self, idx: int, start: float, end: float, tokens: float) -> None:
         add_to_windows(
@@ -319,10 +351,24 @@ class Cluster:
             blocks = _TREE_CHARS // _CHARS_PER_TOKEN // trace[0].block_size
             self.text_tree = TextTree(max_size=2 * max(blocks, 1))  # two chars per block
         t0 = trace[order[0]].arrival_s if order else 0.0
-        for n, i in enumerate(order):
+        at = [(req.arrival_s - t0) / rate_scale for req in trace]
+        rank = [0] * len(trace)
+        for pos, i in enumerate(order):
+            rank[i] = pos
+        waits = cfg.follow_ups != "trace"
+        self._follow = _Followers(trace, at, rank, cfg.follow_ups) if waits else None
+        # (time, position in the trace's order, index): the trace's order breaks ties
+        pending = self._pending
+        pending[:] = [(at[i], rank[i], i) for i in order if self._follow is None or
+                      self._follow.root[i]]  # fmt: skip
+        n = 0
+        while True:
+            # a reply may send a follow-up before the next arrival known now, or after the last
+            self._run_events(pending[0][0] if pending else math.inf)
+            if not pending:
+                break
+            t, _, i = heapq.heappop(pending)
             req = trace[i]
-            t = (req.arrival_s - t0) / rate_scale
-            self._run_events(t)
             text = _block_text(req.block_ids) if self.text_tree is not None else ""
             hashes = mapper.pages(req, n)
             prompt_pages = hashes[: req.input_len // ps]
@@ -332,7 +378,7 @@ class Cluster:
                 session_first[req.session] = idx
             first = session_first.get(req.session, -1)
             self._records.append(
-                RequestRecord(t, req.input_len, req.output_len, req.turn, idx, first)
+                RequestRecord(t, req.input_len, req.output_len, req.turn, idx, first, trace_index=i)
             )
             self._load[idx] += 1
             new = max(req.input_len - hit, 0)
@@ -344,9 +390,9 @@ class Cluster:
                 EngineRequest(str(n), [], [], hashes, req.input_len, max(req.output_len, 1)),
                 t,
             )
+            n += 1
             if progress is not None:
                 progress(1)
-        self._run_events(math.inf)
         return RunResult(
             self._records,
             self._windows,

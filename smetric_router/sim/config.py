@@ -12,6 +12,7 @@ from smetric_router.policies.base import PolicyParams
 
 TIER_MODES = ("paper", "hicache")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+FOLLOW_UPS = ("trace", "after-reply", "on-reply")
 
 
 def _profiles() -> list[str]:
@@ -73,6 +74,12 @@ class SimConfig:
     prefetch_policy: hicache mode: "best_effort" | "wait_complete" | "timeout" (SGLang
         --hicache-storage-prefetch-policy, default "timeout").
     window_s: the window of imbalance_mean (the paper's Figure 14 uses 30 s).
+    follow_ups: when a request whose parent is in the trace arrives. "trace": at its own time
+        in the trace, whatever became of its parent (open loop, as the paper's replays);
+        "after-reply": at its trace time, but not before its parent's reply has ended (an agent
+        waits for the reply, then for whatever its trace gap still leaves); "on-reply": as soon
+        as its parent's reply ends (SGLang bench_serving's multi-turn client: no gap at all).
+        Requests whose parent is not in the trace arrive at their trace time in every mode.
     session_hints: requests carry their trace session id as an agent's session header would
         (RequestFeatures.session_hint); off by default, as the paper's router has none.
     """
@@ -174,6 +181,17 @@ class SimConfig:
         ),
     )
 
+    follow_ups: str = option(
+        "trace",
+        Flag(
+            "--follow-ups",
+            "when a follow-up arrives: at its trace time (trace, open loop); at its trace time "
+            "but not before its parent's reply ends (after-reply); when that reply ends "
+            "(on-reply, as bench_serving's multi-turn client sends them). Colocated only",
+            choices=FOLLOW_UPS,
+        ),
+    )
+
     def __post_init__(self) -> None:
         if self.instances < 1:
             raise ValueError(f"instances must be >= 1, got {self.instances}")
@@ -183,6 +201,8 @@ class SimConfig:
             raise ValueError(f"window_s must be > 0, got {self.window_s}")
         if self.tier_mode not in TIER_MODES:
             raise ValueError(f"tier_mode must be one of {TIER_MODES}, got {self.tier_mode!r}")
+        if self.follow_ups not in FOLLOW_UPS:
+            raise ValueError(f"follow_ups must be one of {FOLLOW_UPS}, got {self.follow_ups!r}")
         if self.prefetch_policy not in PREFETCH_POLICIES:
             raise ValueError(
                 f"prefetch_policy must be one of {PREFETCH_POLICIES}, got {self.prefetch_policy!r}"

@@ -105,6 +105,8 @@ class PdCluster:
     ) -> None:
         if policy.uses_text_tree:
             raise ValueError(f"policy {policy.name!r} (text tree) is not modelled under --pd")
+        if cfg.follow_ups != "trace":
+            raise ValueError(f"--follow-ups {cfg.follow_ups} is not modelled under --pd")
         self.cfg = cfg
         self.policy = policy
         self.timing = timing or TimingModel.load(cfg.profile)
@@ -226,7 +228,9 @@ class PdCluster:
                 session_first[req.session] = idx
             first = session_first.get(req.session, -1)
             self._records.append(
-                RequestRecord(t, req.input_len, trace[i].output_len, req.turn, idx, first)
+                RequestRecord(
+                    t, req.input_len, trace[i].output_len, req.turn, idx, first, trace_index=i
+                )
             )
             inst = self.instances[idx]
             unprefilled = max(0, req.input_len - hit)
