@@ -33,6 +33,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
         "hints": True,
         "sample": 1,
         "instances": 8,
+        "follow_ups": "on-reply",
     }
     assert set(changed) | {"prefetch"} == {f.name for f in dataclasses.fields(rc.Spec)}
     for name, value in changed.items():
@@ -43,6 +44,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
     assert dataclasses.replace(hic, prefetch="best_effort").key() != hic.key()
     assert rc.CODE_VERSION["model"] in base.key()
     assert rc.sim_config(dataclasses.replace(base, hints=True)).session_hints
+    assert rc.sim_config(dataclasses.replace(base, follow_ups="on-reply")).follow_ups == "on-reply"
     assert not rc.sim_config(base).session_hints
 
 
@@ -130,6 +132,7 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
     # the scale figure: one trace seed, and a Mooncake-schema file of a few sessions for seed 0
     monkeypatch.setattr(rc, "SCALE_SEEDS", (1,))
     monkeypatch.setattr(rc, "MOONCAKE_SWEEP", (1.0,))
+    monkeypatch.setattr(rc, "FU_SWEEPS", {"trace": (1.0,), "on-reply": (1.0,)})
     mooncake = tmp_path / "mooncake.jsonl"
     lines = []
     for i in range(12):  # 4 sessions of 3 turns, each turn extending the last
