@@ -180,6 +180,8 @@ def test_cli_pd_writes_prefill_rows(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "max TPS within SLO" in capsys.readouterr().out
     assert main(["--trace", str(path), "--pd", "--policies", "cache_aware"]) == 2
     assert "not modelled under --pd" in capsys.readouterr().err
+    assert main(["--trace", str(path), "--pd", "--follow-ups", "on-reply"]) == 2
+    assert "--follow-ups on-reply is not modelled under --pd" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("tier_mode", ["paper", "hicache"])
