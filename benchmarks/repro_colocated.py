@@ -1366,9 +1366,13 @@ FU_SWEEPS: dict[str, tuple[float, ...]] = {
 }
 
 
+def _fu_spec(policy: str, rate: float, seed: int, mode: str) -> Spec:
+    return Spec(policy, rate, math.inf, seed, instances=SCALE_INSTANCES, follow_ups=mode)
+
+
 def follow_ups_specs() -> list[Spec]:
     return [
-        Spec(p, r, math.inf, t, instances=SCALE_INSTANCES, follow_ups=m)
+        _fu_spec(p, r, t, m)
         for m, rates in FU_SWEEPS.items() for t in SEEDS for p in FU_POLICIES for r in rates
     ]  # fmt: skip
 
@@ -1396,8 +1400,8 @@ def follow_ups() -> None:
     table = []
     for m, rates in FU_SWEEPS.items():
         best = {
-            (p, t): max(runs([Spec(p, r, math.inf, t, instances=SCALE_INSTANCES, follow_ups=m)
-                              for r in rates]), key=lambda x: x["tps_within_slo"])
+            (p, t): max(runs([_fu_spec(p, r, t, m) for r in rates]),
+                        key=lambda x: x["tps_within_slo"])
             for p in FU_POLICIES for t in SEEDS
         }  # fmt: skip
         for p in FU_POLICIES:
