@@ -27,8 +27,10 @@ from benchmarks.compare import (
 )
 
 
-def result(goodput: float, ttft_p90: float, in_slo: float = 1.0) -> dict[str, Any]:
-    return {"request_goodput": goodput, "p90_ttft_ms": ttft_p90, "slo_attainment": in_slo}
+def result(goodput: float, ttft_p90: float, in_slo: float = 1.0,
+           duration: float | None = None) -> dict[str, Any]:  # fmt: skip
+    out = {"request_goodput": goodput, "p90_ttft_ms": ttft_p90, "slo_attainment": in_slo}
+    return out if duration is None else {**out, "duration": duration}
 
 
 SETUP = replace(Setup(), routers=("smetric", "smetric/lmetric"), rates=(1.0, 2.0), draws=2)
@@ -61,10 +63,30 @@ def test_the_report_gives_the_spread_and_the_ratio_draw_by_draw() -> None:
     text = "\n".join(draws_lines(runs, SETUP))
     row = "| smetric | 1 | 9.50 [9.00–10.00] | 100 % [100–100] | 500 [400–600] | n/a | n/a |"
     assert row in text
-    # per draw: 10/8 and 9/10; TTFT 400/500 and 600/300
-    assert "| 1 | 1.075 [0.900–1.250] | 1.400 [0.800–2.000] |" in text
+    # per draw: 10/8 and 9/10; TTFT 400/500 and 600/300; no run lengths, no split
+    assert "| 1 | 1.075 [0.900–1.250] | 1.400 [0.800–2.000] | n/a | n/a |" in text
     # the knee reads the mean of the draws: lmetric's 0.875 at 2 conv/s is out
     assert knee(runs, SETUP) == 1.0
+
+
+def test_the_goodput_ratio_splits_into_run_length_and_requests_in_slo() -> None:
+    # draw 1: same requests in SLO (goodput x length 1000 each), the first's run 10 % shorter;
+    # draw 2: same length, the first has 0.9 of the best other's requests in SLO. The best other
+    # is the highest goodput (lmetric), not the longest or the lowest-latency run.
+    runs = [
+        Run("smetric", 1.0, result(10.0, 400, duration=100.0), draw=1),
+        Run("smetric/lmetric", 1.0, result(9.0, 500, duration=1000 / 9), draw=1),
+        Run("smetric/cache_aware", 1.0, result(5.0, 300, duration=150.0), draw=1),
+        Run("smetric", 1.0, result(9.0, 400, duration=100.0), draw=2),
+        Run("smetric/lmetric", 1.0, result(10.0, 400, duration=100.0), draw=2),
+        Run("smetric/cache_aware", 1.0, result(5.0, 400, duration=200.0), draw=2),
+    ]
+    setup = replace(SETUP, routers=("smetric", "smetric/lmetric", "smetric/cache_aware"),
+                    rates=(1.0,))  # fmt: skip
+    text = "\n".join(draws_lines(runs, setup))
+    # goodput 10/9 and 0.9; length (1000/9)/100 and 1; in SLO 1.0 and 0.9
+    assert "| 1 | 1.006 [0.900–1.111] | 1.167 [1.000–1.333] | 1.056 [1.000–1.111] | " in text
+    assert "| 0.950 [0.900–1.000] |" in text
 
 
 def test_draws_below_one_are_refused() -> None:
