@@ -98,6 +98,7 @@ STICKY_POLICIES = (
     "smetric-paper",
     "smetric-ftwork",
     "smetric-ftrecent",
+    "smetric-ftcost",
     "smetric-fetch",
 )
 
@@ -106,6 +107,7 @@ ROUTERS: dict[str, RouterDef] = {
     "smetric/smetric-paper": RouterDef("smetric", "smetric-paper"),
     "smetric/smetric-ftwork": RouterDef("smetric", "smetric-ftwork"),
     "smetric/smetric-ftrecent": RouterDef("smetric", "smetric-ftrecent"),
+    "smetric/smetric-ftcost": RouterDef("smetric", "smetric-ftcost"),
     "smetric/smetric-fetch": RouterDef("smetric", "smetric-fetch"),
     "smetric/bailian": RouterDef("smetric", "bailian"),
     "smetric/lmetric": RouterDef("smetric", "lmetric"),

@@ -48,9 +48,9 @@ class SMetric:
     # minimises (smetric_fetch.py counts what the global tier can load as fetched)
     cost: Callable[[WorkerView, RequestFeatures], float] = recompute_cost
     cost_reads_l3: bool = False
-    # what a first turn minimises before the load (smetric_ftwork.py, smetric_ftrecent.py);
-    # None: the load alone
-    first_key: Callable[[WorkerView], float] | None = None
+    # what a first turn minimises before the load (smetric_ftwork.py, smetric_ftrecent.py,
+    # smetric_ftcost.py); None: the load alone
+    first_key: Callable[[WorkerView, RequestFeatures], float] | None = None
 
     @property
     def uses_l3(self) -> bool:
@@ -63,7 +63,7 @@ class SMetric:
         if resolve_turn(features, [w for w in view.workers if w.healthy]) == 0:
             least: Sequence[WorkerView] = workers
             if self.first_key is not None:
-                least = lowest(workers, [self.first_key(w) for w in workers])
+                least = lowest(workers, [self.first_key(w, features) for w in workers])
             least = lowest(least, [w.load for w in least])
             chosen = home(hint, least) if hint is not None else least[view.tick % len(least)]
             return Decision(chosen.url, Reason.FIRST_TURN_BALANCE.value)

@@ -15,12 +15,12 @@ size bound, after which every worker ties."""
 
 from __future__ import annotations
 
-from smetric_router.core.types import WorkerView
+from smetric_router.core.types import RequestFeatures, WorkerView
 from smetric_router.policies.base import PolicyParams, register
 from smetric_router.policies.smetric import SMetric
 
 
-def recent_tokens(worker: WorkerView) -> float:
+def recent_tokens(worker: WorkerView, features: RequestFeatures) -> float:
     return worker.recent_tokens
 
 

@@ -15,12 +15,12 @@ the Mooncake conversation trace (no / full global tier). Not the default: the st
 
 from __future__ import annotations
 
-from smetric_router.core.types import WorkerView
+from smetric_router.core.types import RequestFeatures, WorkerView
 from smetric_router.policies.base import PolicyParams, register
 from smetric_router.policies.smetric import SMetric
 
 
-def unprefilled(worker: WorkerView) -> float:
+def unprefilled(worker: WorkerView, features: RequestFeatures) -> float:
     return worker.unprefilled
 
 

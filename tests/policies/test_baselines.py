@@ -12,6 +12,7 @@ def test_registry_lists_every_policy_and_rejects_unknown_names() -> None:
         "smetric-paper",
         "smetric-ftwork",
         "smetric-ftrecent",
+        "smetric-ftcost",
         "smetric-fetch",
         "bailian",
         "lmetric",

@@ -1,0 +1,70 @@
+"""smetric-ftcost: first turns by the cost of prefilling them, follow-ups as smetric (built
+views)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from smetric_router.policies import make_policy
+from tests.policies.builders import cluster, req, w
+
+FTCOST = make_policy("smetric-ftcost")
+SMETRIC = make_policy("smetric")
+LMETRIC_INFLIGHT = make_policy("lmetric-inflight")
+
+
+def test_first_turn_goes_to_a_templates_holder_while_its_queue_costs_less_than_the_prefix() -> None:
+    # w0 holds 6,000 of the 8,000-token prompt and has one request in flight: 2,000 x 2 = 4,000
+    # against w1's 8,000 x 1
+    view = cluster(w(load=1, hit=6_000), w(load=0))
+    d = FTCOST.decide(req(prompt_len=8_000, turn=0), view)
+    assert (d.worker, d.reason) == ("w0", "first-turn-balance")
+    assert SMETRIC.decide(req(prompt_len=8_000, turn=0), view).worker == "w1"
+    # three in flight: 2,000 x 4 = 8,000 ties w1's 8,000, and the tie goes to the fewest in flight
+    view = cluster(w(load=3, hit=6_000), w(load=0))
+    assert FTCOST.decide(req(prompt_len=8_000, turn=0), view).worker == "w1"
+
+
+def test_first_turn_ties_go_to_the_fewest_in_flight_then_round_robin() -> None:
+    # 500 x 2 = 1,000 x 1 for all three: the fewest in flight
+    even = cluster(w(load=1, hit=500), w(load=0), w(load=1, hit=500))
+    chosen = [FTCOST.decide(req(prompt_len=1_000, turn=0), replace(even, tick=t)).worker
+              for t in range(4)]  # fmt: skip
+    assert chosen == ["w1"] * 4
+    # 1,000 each at one in flight each, w2 3,000: round-robin between w0 and w1
+    level = cluster(w(load=1, hit=500), w(load=1, hit=500), w(load=2))
+    chosen = [FTCOST.decide(req(prompt_len=1_000, turn=0), replace(level, tick=t)).worker
+              for t in range(4)]  # fmt: skip
+    assert chosen == ["w0", "w1", "w0", "w1"]
+
+
+def test_the_first_turn_is_lmetric_inflights_choice_when_that_one_is_unique() -> None:
+    views = [
+        cluster(w(load=1, hit=6_000), w(load=0), w(load=4, hit=7_900)),
+        cluster(w(load=0, hit=100), w(load=2, hit=5_000), w(load=1)),
+        cluster(w(load=5, hit=7_200), w(load=0, hit=2_000)),
+    ]
+    for view in views:
+        first = req(prompt_len=8_000, turn=0)
+        assert FTCOST.decide(first, view).worker == LMETRIC_INFLIGHT.decide(first, view).worker
+
+
+def test_first_turn_skips_a_worker_whose_circuit_is_open() -> None:
+    view = cluster(w(load=0, hit=900), w(load=0), w(load=1))
+    view = replace(view, workers=(replace(view.workers[0], breaker_open=True),
+                                  *view.workers[1:]))  # fmt: skip
+    assert FTCOST.decide(req(prompt_len=1_000, turn=0), view).worker == "w1"
+
+
+def test_follow_ups_are_smetrics() -> None:
+    views = [
+        cluster(w(load=2, hit=100), w(load=3, hit=800)),
+        cluster(w(load=10, hit=800), w(load=0, hit=700), w(load=1)),
+        cluster(w(load=0, hit=100), w(load=5, hit=820)),
+    ]
+    for view in views:
+        for f in (
+            req(prompt_len=900, turn=2, est_hit=820),
+            req(prompt_len=900, turn=1, est_hit=800),
+        ):
+            assert FTCOST.decide(f, view) == SMETRIC.decide(f, view)
