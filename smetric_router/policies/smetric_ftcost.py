@@ -15,8 +15,10 @@ Measured (modelled): on 8 emulated workers over a real Mooncake store at the sus
 `smetric`'s goodput, level with `lmetric-inflight`, whose lead over `smetric` this is; on
 4 emulated workers without a tier (compare-knee-ftcost.md, 3 draws) level with `smetric`. Not
 the default: in the simulator at 8 instances without a global tier it made 0.975x [0.938-1.008]
-`smetric`'s max TPS within SLO (benchmarks/results/first-turn-cost-tried.md), where a shared
-template's sessions pile onto its holders and their follow-ups then stay there."""
+`smetric`'s max TPS within SLO with the trace's follow-up times
+(benchmarks/results/first-turn-cost-tried.md), where a shared template's sessions pile onto its
+holders and their follow-ups then stay there; with follow-ups sent on each reply, as
+bench_serving sends them, 0.998x (benchmarks/results/README.md)."""
 
 from __future__ import annotations
 
