@@ -350,11 +350,15 @@ def row_imbalance(row: dict[str, Any], group: int = 1) -> list[float]:
     return window_imbalance(row["windows"], row["arrival_windows"] - 1, group=group)
 
 
+def peak(sweep: Sequence[Spec]) -> dict[str, Any]:
+    """The row with the max TPS within SLO among a rate sweep's runs."""
+    return max(runs(sweep), key=lambda x: x["tps_within_slo"])
+
+
 def best(policy: str, ratio: float, seed: int, **kw: Any) -> dict[str, Any]:
     """The policy's row with the max TPS within SLO over the rate sweep at this provisioning on
     this seed."""
-    rows = runs([Spec(policy, r, ratio, seed, **kw) for r in SWEEP])
-    return max(rows, key=lambda x: x["tps_within_slo"])
+    return peak([Spec(policy, r, ratio, seed, **kw) for r in SWEEP])
 
 
 def best_specs() -> list[Spec]:
@@ -1176,8 +1180,7 @@ def sampling() -> None:
     """The headline cells with the rate set the paper's way: sessions sampled at their timing."""
     allrows = runs(sampling_specs())
     top = {
-        (p, g, k): max(runs([Spec(p, r, g, SEEDS[0], sample=k) for r in SWEEP]),
-                       key=lambda x: x["tps_within_slo"])
+        (p, g, k): best(p, g, SEEDS[0], sample=k)
         for g in RATIOS for p in POLICIES for k in SAMPLES
     }  # fmt: skip
 
@@ -1278,8 +1281,7 @@ def scale() -> None:
         rates = MOONCAKE_SWEEP if name == "mooncake" else SWEEP
         for g in RATIOS:
             top = {
-                (p, t, k): max(runs([_scale_spec(p, r, g, t, k) for r in rates]),
-                               key=lambda x: x["tps_within_slo"])["tps_within_slo"]
+                (p, t, k): peak([_scale_spec(p, r, g, t, k) for r in rates])["tps_within_slo"]
                 for p in SCALE_POLICIES for t, k in cells
             }  # fmt: skip
             ratio = spread(
@@ -1337,8 +1339,7 @@ def first_turn() -> None:
     for name, (cells, rates) in _ft_cells().items():
         for g in RATIOS:
             top = {
-                (p, t): max(runs([Spec(p, r, g, t, instances=n) for r in rates]),
-                            key=lambda x: x["tps_within_slo"])["tps_within_slo"]
+                (p, t): peak([Spec(p, r, g, t, instances=n) for r in rates])["tps_within_slo"]
                 for p in FT_POLICIES for t, n in cells
             }  # fmt: skip
             seeds = [t for t, _ in cells]
@@ -1399,16 +1400,15 @@ def follow_ups() -> None:
             "local hit share")  # fmt: skip
     table = []
     for m, rates in FU_SWEEPS.items():
-        best = {
-            (p, t): max(runs([_fu_spec(p, r, t, m) for r in rates]),
-                        key=lambda x: x["tps_within_slo"])
+        peaks = {
+            (p, t): peak([_fu_spec(p, r, t, m) for r in rates])
             for p in FU_POLICIES for t in SEEDS
         }  # fmt: skip
         for p in FU_POLICIES:
-            top = [best[(p, t)] for t in SEEDS]
+            top = [peaks[(p, t)] for t in SEEDS]
             table.append((
                 m, p, spread(x["tps_within_slo"] for x in top).fmt(",.0f"),
-                spread(best[(p, t)]["tps_within_slo"] / best[("smetric", t)]["tps_within_slo"]
+                spread(peaks[(p, t)]["tps_within_slo"] / peaks[("smetric", t)]["tps_within_slo"]
                        for t in SEEDS).fmt(),
                 spread(x["x_rate"] for x in top).fmt(".2f"),
                 spread(x["local_hit_ratio"] for x in top).fmt(".3f"),
