@@ -84,20 +84,25 @@ async def test_openai_client_chat_streaming_and_not(sglang_stack: Stack) -> None
 
 
 async def test_sessions_stick_with_their_history_cached(sglang_stack: Stack) -> None:
-    """16 sessions x 4 turns: first turns balanced, follow-ups sticky, and SGLang's own
-    cached_tokens cover at least the previous prompt (page-aligned) on every follow-up."""
+    """10 sessions x 4 turns: first turns balanced, follow-ups sticky, and SGLang's own
+    cached_tokens cover at least the previous prompt (page-aligned) on every follow-up.
+
+    Each worker's sessions fit its device tier (MAX_TOTAL_TOKENS) with room to spare: under
+    pressure SGLang evicts to the host tier and may not load a page back (a CI run once came
+    back one page short at 93 % token usage with 16 sessions), which says nothing of routing."""
     flush(sglang_stack)
     records: list[
         tuple[int, int, str, str, int, int]
     ] = []  # sid, turn, worker, reason, cached, hist
 
     async def session(client: AsyncOpenAI, sid: int) -> None:
-        # a task long enough that no bunching of the 16 sessions makes a move worth it to the
-        # default policy's cost guard: a follow-up brings under 48 new tokens, times at most 16
-        # requests on its holder, against twice the 500-odd tokens a move would prefill
+        # a task long enough that no bunching of the 10 sessions makes a move worth it to the
+        # default policy's cost guard (a follow-up brings under 48 new tokens, times at most 10
+        # requests on its holder, against twice the 500-odd tokens a move would prefill), short
+        # enough that 6 sessions (~750 tokens each by the last turn) fit one worker's device tier
         messages: list[Any] = [
             {"role": "system", "content": SYSTEM * 3},
-            {"role": "user", "content": _task(sid, 500)},
+            {"role": "user", "content": _task(sid, 400)},
         ]
         history = 0
         for turn in range(4):
@@ -115,16 +120,16 @@ async def test_sessions_stick_with_their_history_cached(sglang_stack: Stack) -> 
 
     async with AsyncOpenAI(base_url=f"{sglang_stack.url}/v1", api_key="none",
                            max_retries=0) as client:  # fmt: skip
-        await asyncio.gather(*(session(client, s) for s in range(16)))
+        await asyncio.gather(*(session(client, s) for s in range(10)))
 
-    assert len(records) == 64
+    assert len(records) == 40
     first = {sid: w for sid, turn, w, *_ in records if turn == 0}
     per_worker = Counter(first.values())
     assert set(per_worker) == set(sglang_stack.worker_urls) and min(per_worker.values()) >= 4, (
         per_worker
     )
     follow = [r for r in records if r[1] > 0]
-    assert Counter(r[3] for r in follow) == {"sticky": 48}, Counter(r[3] for r in follow)
+    assert Counter(r[3] for r in follow) == {"sticky": 30}, Counter(r[3] for r in follow)
     moved = [r for r in follow if r[2] != first[r[0]]]
     assert not moved, moved
     short = [(sid, turn, cached, hist) for sid, turn, _, _, cached, hist in follow if cached < hist]
