@@ -1418,6 +1418,76 @@ def follow_ups() -> None:
           body, rows)  # fmt: skip
 
 
+# First turns by cost against the default at 8 instances, on a fine rate sweep: there the peak
+# over the study's four rates moves by several per cent with where each policy's knee falls
+# between them, which is the size of the difference being measured
+FC_POLICIES = ("smetric", "smetric-ftcost", "lmetric-inflight")
+FINE_SWEEP = tuple(round(0.8 + 0.1 * i, 1) for i in range(19))  # 0.8-2.6 x BASE_RATE
+
+
+def first_turn_cost_specs() -> list[Spec]:
+    return [
+        _scale_spec(p, r, g, t, k) for g in RATIOS for p in FC_POLICIES
+        for t, k in _scale_cells()["generated"] for r in FINE_SWEEP
+    ]  # fmt: skip
+
+
+def first_turn_cost() -> None:
+    rows = runs(first_turn_cost_specs())
+    cells = _scale_cells()["generated"]
+    body = [
+        "`smetric-ftcost` places a session's first request on the worker with the least (prompt "
+        "- local hit) x (load + 1), `lmetric-inflight`'s score, instead of the fewest in flight; "
+        f"follow-ups as `smetric`. {SCALE_INSTANCES} instances, the scale figure's cells (trace "
+        f"seeds {', '.join(map(str, SCALE_SEEDS))} x session samples "
+        f"{', '.join(map(str, SAMPLES))}, sessions kept at their original timing), rates "
+        f"{FINE_SWEEP[0]:g}-{FINE_SWEEP[-1]:g} x {BASE_RATE} in steps of 0.1. Max TPS within SLO "
+        "over the fine sweep per cell, and the same over the study's sweep "
+        f"({', '.join(f'{r:g}' for r in SWEEP)}: the same runs); ratios per cell, then mean "
+        "[min–max] over the cells.",
+        "",
+    ]
+    head = ("global", "cell", *FC_POLICIES, "ftcost / smetric", "ftcost / lmetric-inflight",
+            "smetric / lmetric-inflight", "ftcost / smetric, study's sweep")  # fmt: skip
+    table = []
+    fig, axes = plt.subplots(
+        len(RATIOS), len(cells), figsize=(3.2 * len(cells), 6), sharex=True, squeeze=False
+    )
+    for i, g in enumerate(RATIOS):
+        curve = {
+            (p, c): [_scale_spec(p, r, g, *c) for r in FINE_SWEEP] for p in FC_POLICIES
+            for c in cells
+        }  # fmt: skip
+        fine = {key: peak(sweep)["tps_within_slo"] for key, sweep in curve.items()}
+        coarse = {key: peak([x for x in sweep if x.rate in SWEEP])["tps_within_slo"]
+                  for key, sweep in curve.items()}  # fmt: skip
+        ratios: list[list[float]] = [[], [], [], []]
+        for c in cells:
+            cell = [fine[("smetric-ftcost", c)] / fine[("smetric", c)],
+                    fine[("smetric-ftcost", c)] / fine[("lmetric-inflight", c)],
+                    fine[("smetric", c)] / fine[("lmetric-inflight", c)],
+                    coarse[("smetric-ftcost", c)] / coarse[("smetric", c)]]  # fmt: skip
+            for acc, x in zip(ratios, cell, strict=True):
+                acc.append(x)
+            table.append((gx(g), f"seed {c[0]} sample {c[1]}",
+                          *[f"{fine[(p, c)]:,.0f}" for p in FC_POLICIES],
+                          *[f"{x:.3f}" for x in cell]))  # fmt: skip
+        table.append((gx(g), "**mean [min–max]**",
+                      *[spread(fine[(p, c)] for c in cells).fmt(",.0f") for p in FC_POLICIES],
+                      *[f"**{spread(r).fmt()}**" for r in ratios]))  # fmt: skip
+        for ax, c in zip(axes[i], cells, strict=True):
+            for p in FC_POLICIES:
+                tps = [x["tps_within_slo"] / 1e3 for x in runs(curve[(p, c)])]
+                ax.plot(FINE_SWEEP, tps, ".-", label=p)
+            ax.set_title(f"global {gx(g)}, seed {c[0]} sample {c[1]}", fontsize=9)
+            ax.set_xlabel(f"rate (x {BASE_RATE})")
+        axes[i][0].set_ylabel("TPS within SLO (K tokens/s)")
+    axes[0][0].legend(fontsize=8)
+    body += [*md_table(head, table), "", save(fig, "first_turn_cost")]
+    write("first_turn_cost", "First turns by cost at 8 instances, on a fine rate sweep "
+          "(simulator, modelled)", body, rows)  # fmt: skip
+
+
 def working_set(seed: int) -> float:
     """Distinct prompt tokens of the replayed window, x the cluster's GPU KV."""
     reqs = trace(seed)
@@ -1781,6 +1851,7 @@ FIGS: dict[str, Figure] = {
     "scale": Figure(scale, scale_specs),
     "first_turn": Figure(first_turn, first_turn_specs),
     "follow_ups": Figure(follow_ups, follow_ups_specs),
+    "first_turn_cost": Figure(first_turn_cost, first_turn_cost_specs),
 }
 
 
