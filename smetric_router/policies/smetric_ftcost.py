@@ -11,14 +11,18 @@ up to the point where the queue costs more than the prefix saves; the least load
 have to prefill or fetch all of it.
 
 Measured (modelled): on 8 emulated workers over a real Mooncake store at the sustained knee
-(benchmarks/results/compare-mooncake-8-quarter-long-ftcost.md, 2 draws) 1.036x and 1.086x
-`smetric`'s goodput, level with `lmetric-inflight`, whose lead over `smetric` this is; on
-4 emulated workers without a tier (compare-knee-ftcost.md, 3 draws) level with `smetric`. Not
-the default: in the simulator at 8 instances without a global tier it made 0.975x [0.938-1.008]
-`smetric`'s max TPS within SLO with the trace's follow-up times
-(benchmarks/results/first-turn-cost-tried.md), where a shared template's sessions pile onto its
-holders and their follow-ups then stay there; with follow-ups sent on each reply, as
-bench_serving sends them, 0.998x (benchmarks/results/README.md)."""
+(benchmarks/results/compare-mooncake-8-quarter-long-ftcost-3draws.md, 3 draws) 1.052x
+`smetric`'s goodput and 0.979x `lmetric-inflight`'s, whose lead over `smetric` this is; on
+4 emulated workers without a tier (compare-knee-ftcost.md, 3 draws) level with `smetric`. In the
+simulator it is level with `smetric`: at 8 instances on a fine rate sweep 1.010x without a
+global tier and 1.018x with a full one (first_turn_cost.md; the 0.975x of
+first-turn-cost-tried.md was where the knees fell between four rates), under PD 0.993x and
+0.997x (pd-ftcost.md). Not the default yet: the study's figures are `smetric`'s.
+
+A limit it shares with `lmetric-inflight`: a first turn whose whole prompt a worker holds costs
+almost nothing there (the part of its last page), so a burst of identical first requests stays
+on that worker until its load outweighs a full prefill elsewhere, whatever that does to its
+decode batch."""
 
 from __future__ import annotations
 
