@@ -17,12 +17,17 @@ Measured (modelled): on 8 emulated workers over a real Mooncake store at the sus
 simulator it is level with `smetric`: at 8 instances on a fine rate sweep 1.010x without a
 global tier and 1.018x with a full one (first_turn_cost.md; the 0.975x of
 first-turn-cost-tried.md was where the knees fell between four rates), under PD 0.993x and
-0.997x (pd-ftcost.md). Not the default yet: the study's figures are `smetric`'s.
+0.997x (pd-ftcost.md).
 
-A limit it shares with `lmetric-inflight`: a first turn whose whole prompt a worker holds costs
-almost nothing there (the part of its last page), so a burst of identical first requests stays
-on that worker until its load outweighs a full prefill elsewhere, whatever that does to its
-decode batch."""
+Not the default, for what the cost leaves out: a first turn commits its whole session, whose
+follow-ups stay where it lands, and the cost prices one request. Sessions opening with one long
+template gather on its holders: with the default switched to this rule (a local branch), 8
+sessions started together with a shared tools template on 4 idle emulated workers went 5 and 3
+onto two of them, and the overload guard then pushed one follow-up off its holder
+(tests/e2e/test_sessions.py's agent-shaped workload). Likewise a first turn whose whole prompt a
+worker holds costs almost nothing there (the part of its last page), so a burst of identical
+first requests stays on that worker until its load outweighs a full prefill elsewhere. Both
+limits are `lmetric-inflight`'s too."""
 
 from __future__ import annotations
 
