@@ -50,9 +50,7 @@ def test_the_first_turn_is_lmetric_inflights_choice_when_that_one_is_unique() ->
 
 
 def test_first_turn_skips_a_worker_whose_circuit_is_open() -> None:
-    view = cluster(w(load=0, hit=900), w(load=0), w(load=1))
-    view = replace(view, workers=(replace(view.workers[0], breaker_open=True),
-                                  *view.workers[1:]))  # fmt: skip
+    view = cluster(replace(w(load=0, hit=900), breaker_open=True), w(load=0), w(load=1))
     assert FTCOST.decide(req(prompt_len=1_000, turn=0), view).worker == "w1"
 
 
