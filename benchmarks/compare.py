@@ -242,6 +242,29 @@ class Run:
             i += t
         return hits / n if n else None
 
+    @property
+    def device_shares(self) -> tuple[float, float] | None:
+        """The share of first turns' and of follow-ups' prompt tokens found in the worker's GPU
+        tier, from bench_serving's per-request cached_tokens_details. The cached share counts
+        what the host tier and the global tier loaded too: with a global tier that holds every
+        page the cached share is the same under any placement, and what a placement changes is
+        how much of it is on the device when the request runs, not fetched first. None where
+        the router does not pass SGLang's sglext through."""
+        lens, details = self.result.get("input_lens"), self.result.get("cached_tokens_details")
+        if not lens or not details or sum(self.turns) != len(lens) or not any(details):
+            return None
+        tokens, device = [0, 0], [0, 0]  # first turns, follow-ups
+        i = 0
+        for t in self.turns:
+            for k in range(i, i + t):
+                part = k > i
+                tokens[part] += lens[k]
+                device[part] += (details[k] or {}).get("device", 0)
+            i += t
+        if not tokens[0] or not tokens[1]:
+            return None
+        return device[0] / tokens[0], device[1] / tokens[1]
+
 
 # --- processes ----------------------------------------------------------------------------------
 
@@ -701,6 +724,10 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
+def _shares(x: tuple[float, float] | None) -> str:
+    return "n/a" if x is None else f"{100 * x[0]:.1f} / {100 * x[1]:.1f} %"
+
+
 def _ms(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
@@ -886,7 +913,10 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         "in SLO. The knee: the "
         "highest swept rate at which the best router still has ≥ 90 % in SLO.",
         "- Cached share: the workers' own counters (`sglang:cached_tokens_total` / "
-        "`sglang:prompt_tokens_total`) over the run. Follow-ups with history cached: the share "
+        "`sglang:prompt_tokens_total`) over the run; on the GPU: the share of first turns' and "
+        "of follow-ups' prompt tokens the worker found in its GPU tier (bench_serving's "
+        "per-request `cached_tokens_details`), the rest of the cached share loaded from the host "
+        "or the global tier first. Follow-ups with history cached: the share "
         "of follow-up turns whose previous prompt (all but its last partial page) was cached "
         "where they ran, from bench_serving's per-request `cached_tokens` ("
         + (
@@ -938,8 +968,9 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         + ("draw | " if setup.draws > 1 else "")
         + "req/s | out tok/s | goodput (req/s) | in SLO | "
         "TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | cached share | "
+        "on the GPU: first turns / follow-ups | "
         "follow-ups with history cached | stickiness | router CPU (ms/req) | decision (ms) |",
-        "|---" * (13 + (setup.draws > 1)) + "|",
+        "|---" * (14 + (setup.draws > 1)) + "|",
     ]
     for r in sorted(runs, key=lambda r: (setup.routers.index(r.router), r.rate, r.draw)):
         x = r.result
@@ -950,8 +981,8 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
             f"{100 * x.get('slo_attainment', 0):.0f} % | {x['median_ttft_ms']:.0f} / "
             f"{x['p90_ttft_ms']:.0f} / {x['p99_ttft_ms']:.0f} | {x['median_tpot_ms']:.1f} / "
             f"{x['p90_tpot_ms']:.1f} / {x['p99_tpot_ms']:.1f} | {_pct(r.cached_share)} | "
-            f"{_pct(r.history_hit)} | {_pct(r.stickiness)} | {_ms(r.router_cpu_ms)} | "
-            f"{_ms(r.decide_ms)} |"
+            f"{_shares(r.device_shares)} | {_pct(r.history_hit)} | {_pct(r.stickiness)} | "
+            f"{_ms(r.router_cpu_ms)} | {_ms(r.decide_ms)} |"
         )
     lines += ["", "| router | max rate in SLO (conv/s) | goodput at the knee "
               f"({k:g} conv/s) | TTFT p90 at the knee (ms) |", "|---|---|---|---|"]  # fmt: skip

@@ -86,3 +86,25 @@ def test_stickiness_is_shown_for_the_sticky_policies_of_one_process(
         router, 1.0, {}, decisions={"first-turn-balance": 4, "sticky": 3, "evicted-fallback": 1}
     )
     assert run.stickiness == (0.75 if shown else None)
+
+
+def test_device_shares_split_first_turns_from_follow_ups() -> None:
+    from benchmarks.compare import Run
+
+    # two conversations of 2 and 1 turns, in bench_serving's order (conversation by conversation)
+    result = {
+        "input_lens": [100, 300, 200],
+        "cached_tokens_details": [
+            {"device": 10, "host": 0, "storage": 40},
+            {"device": 150, "host": 0, "storage": 100},
+            None,  # a first turn with nothing cached
+        ],
+    }
+    run = Run("smetric", 1.0, result, turns=(2, 1))
+    assert run.device_shares == (10 / 300, 150 / 300)
+    # a router that drops sglext (sglang-router 0.3.2): no details, no figure
+    bare = Run("sglang-router/cache_aware", 1.0, {"input_lens": [100, 300, 200],
+               "cached_tokens_details": [None, None, None]}, turns=(2, 1))  # fmt: skip
+    assert bare.device_shares is None
+    # outputs that do not match the conversations cannot be split
+    assert Run("smetric", 1.0, result, turns=(2, 2)).device_shares is None
