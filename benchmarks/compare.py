@@ -100,6 +100,7 @@ STICKY_POLICIES = (
     "smetric-ftrecent",
     "smetric-ftcost",
     "smetric-fetch",
+    "smetric-ftband",
 )
 
 ROUTERS: dict[str, RouterDef] = {
@@ -109,6 +110,7 @@ ROUTERS: dict[str, RouterDef] = {
     "smetric/smetric-ftrecent": RouterDef("smetric", "smetric-ftrecent"),
     "smetric/smetric-ftcost": RouterDef("smetric", "smetric-ftcost"),
     "smetric/smetric-fetch": RouterDef("smetric", "smetric-fetch"),
+    "smetric/smetric-ftband": RouterDef("smetric", "smetric-ftband"),
     "smetric/bailian": RouterDef("smetric", "bailian"),
     "smetric/lmetric": RouterDef("smetric", "lmetric"),
     "smetric/lmetric-inflight": RouterDef("smetric", "lmetric-inflight"),

@@ -1421,7 +1421,7 @@ def follow_ups() -> None:
 # First turns by cost against the default at 8 instances, on a fine rate sweep: there the peak
 # over the study's four rates moves by several per cent with where each policy's knee falls
 # between them, which is the size of the difference being measured
-FC_POLICIES = ("smetric", "smetric-ftcost", "lmetric-inflight")
+FC_POLICIES = ("smetric", "smetric-ftcost", "smetric-ftband", "lmetric-inflight")
 FINE_SWEEP = tuple(round(0.8 + 0.1 * i, 1) for i in range(19))  # 0.8-2.6 x BASE_RATE
 
 
@@ -1438,7 +1438,9 @@ def first_turn_cost() -> None:
     body = [
         "`smetric-ftcost` places a session's first request on the worker with the least (prompt "
         "- local hit) x (load + 1), `lmetric-inflight`'s score, instead of the fewest in flight; "
-        f"follow-ups as `smetric`. {SCALE_INSTANCES} instances, the scale figure's cells (trace "
+        "`smetric-ftband` the same among the workers whose load + 1 is within 2x the least "
+        f"loaded's; follow-ups as `smetric`. {SCALE_INSTANCES} instances, the scale figure's "
+        "cells (trace "
         f"seeds {', '.join(map(str, SCALE_SEEDS))} x session samples "
         f"{', '.join(map(str, SAMPLES))}, sessions kept at their original timing), rates "
         f"{FINE_SWEEP[0]:g}-{FINE_SWEEP[-1]:g} x {BASE_RATE} in steps of 0.1. Max TPS within SLO "
@@ -1448,7 +1450,8 @@ def first_turn_cost() -> None:
         "",
     ]
     head = ("global", "cell", *FC_POLICIES, "ftcost / smetric", "ftcost / lmetric-inflight",
-            "smetric / lmetric-inflight", "ftcost / smetric, study's sweep")  # fmt: skip
+            "smetric / lmetric-inflight", "ftcost / smetric, study's sweep", "ftband / smetric",
+            "ftband / lmetric-inflight")  # fmt: skip
     table = []
     fig, axes = plt.subplots(
         len(RATIOS), len(cells), figsize=(3.2 * len(cells), 6), sharex=True, squeeze=False
@@ -1461,12 +1464,14 @@ def first_turn_cost() -> None:
         fine = {key: peak(sweep)["tps_within_slo"] for key, sweep in curve.items()}
         coarse = {key: peak([x for x in sweep if x.rate in SWEEP])["tps_within_slo"]
                   for key, sweep in curve.items()}  # fmt: skip
-        ratios: list[list[float]] = [[], [], [], []]
+        ratios: list[list[float]] = [[] for _ in range(6)]
         for c in cells:
             cell = [fine[("smetric-ftcost", c)] / fine[("smetric", c)],
                     fine[("smetric-ftcost", c)] / fine[("lmetric-inflight", c)],
                     fine[("smetric", c)] / fine[("lmetric-inflight", c)],
-                    coarse[("smetric-ftcost", c)] / coarse[("smetric", c)]]  # fmt: skip
+                    coarse[("smetric-ftcost", c)] / coarse[("smetric", c)],
+                    fine[("smetric-ftband", c)] / fine[("smetric", c)],
+                    fine[("smetric-ftband", c)] / fine[("lmetric-inflight", c)]]  # fmt: skip
             for acc, x in zip(ratios, cell, strict=True):
                 acc.append(x)
             table.append((gx(g), f"seed {c[0]} sample {c[1]}",

@@ -49,8 +49,11 @@ class SMetric:
     cost: Callable[[WorkerView, RequestFeatures], float] = recompute_cost
     cost_reads_l3: bool = False
     # what a first turn minimises before the load (smetric_ftwork.py, smetric_ftrecent.py,
-    # smetric_ftcost.py); None: the load alone
+    # smetric_ftcost.py, smetric_ftband.py); None: the load alone
     first_key: Callable[[WorkerView, RequestFeatures], float] | None = None
+    # first turns only on the workers whose load + 1 is within move_cost_ratio x the least
+    # loaded's (smetric_ftband.py): the least loaded is always among them
+    first_band: bool = False
 
     @property
     def uses_l3(self) -> bool:
@@ -62,8 +65,11 @@ class SMetric:
         # A holder whose circuit is open still tells a follow-up from a first turn.
         if resolve_turn(features, [w for w in view.workers if w.healthy]) == 0:
             least: Sequence[WorkerView] = workers
+            if self.first_band:
+                bound = self.params.move_cost_ratio * (min(w.load for w in workers) + 1)
+                least = [w for w in workers if w.load + 1 <= bound]
             if self.first_key is not None:
-                least = lowest(workers, [self.first_key(w, features) for w in workers])
+                least = lowest(least, [self.first_key(w, features) for w in least])
             least = lowest(least, [w.load for w in least])
             chosen = home(hint, least) if hint is not None else least[view.tick % len(least)]
             return Decision(chosen.url, Reason.FIRST_TURN_BALANCE.value)

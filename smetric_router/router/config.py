@@ -188,6 +188,8 @@ class RouterConfig:
             "lately (halving every 5 minutes); smetric-ftcost: smetric with first turns sent "
             "where (prompt - local hit) x (load + 1) is least, as lmetric-inflight scores them "
             "(a shared prefix's holder while its queue costs less than the prefix); "
+            "smetric-ftband: smetric-ftcost's cost among the workers within --move-cost-ratio "
+            "x the least load only, so first turns stay balanced within that factor; "
             "smetric-fetch: "
             "smetric with the global tier's hit (--l3-view) counted as fetched, not recomputed, "
             "in its move costs; smetric-paper: "

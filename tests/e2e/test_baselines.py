@@ -84,14 +84,16 @@ async def test_smetric_paper_through_the_router(stack: Stack, tmp_path: Path) ->
         await eventually(stuck, "the follow-up sticking to its first turn's worker")
 
 
-async def test_smetric_ftcost_puts_first_turns_on_their_templates_holder(
-    stack: Stack, tmp_path: Path
+@pytest.mark.parametrize("policy", ["smetric-ftcost", "smetric-ftband"])
+async def test_first_turns_by_cost_go_to_their_templates_holder(
+    stack: Stack, tmp_path: Path, policy: str
 ) -> None:
-    """New sessions opening with a 320-token template all go to the worker that holds it (16 new
-    tokens there against 336 on the other, whatever its few requests in flight), still as first
-    turns; `smetric` would alternate them between the two idle workers."""
+    """New sessions opening with a 320-token template, one after another, all go to the worker
+    that holds it (16 new tokens there against 336 on the other; with nothing else in flight the
+    holder is inside smetric-ftband's band of load), still as first turns; `smetric` would
+    alternate them between the two idle workers."""
     template = token_ids(seed=21, n=320)
-    async with router(stack, tmp_path, "smetric-ftcost") as (url, http):
+    async with router(stack, tmp_path, policy) as (url, http):
         first = "x-smetric-turn"
         holder, reason = await generate(http, url, template + token_ids(22, 16), {first: "0"})
         assert reason == "first-turn-balance"

@@ -13,6 +13,7 @@ def test_registry_lists_every_policy_and_rejects_unknown_names() -> None:
         "smetric-ftwork",
         "smetric-ftrecent",
         "smetric-ftcost",
+        "smetric-ftband",
         "smetric-fetch",
         "bailian",
         "lmetric",
