@@ -4,9 +4,11 @@ running defaults to None (no report), as in a view built before the first /v1/lo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from smetric_router.core.types import ClusterView, RequestFeatures, WorkerView
+from smetric_router.policies import Policy
 
 
 def w(
@@ -55,3 +57,15 @@ def req(
         est_hit=est_hit,
         text=text,
     )
+
+
+def assert_follow_ups_match(
+    policy: Policy, reference: Policy, views: Sequence[ClusterView]
+) -> None:
+    """Follow-ups (turns 1 and 2, a 900-token prompt with 800 / 820 tokens of history) are decided
+    on every view exactly as `reference` decides them: for the policies that change only the
+    first turn."""
+    for view in views:
+        for turn, history in ((2, 820), (1, 800)):
+            f = req(prompt_len=900, turn=turn, est_hit=history)
+            assert policy.decide(f, view) == reference.decide(f, view), (policy.name, view, f)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from smetric_router.policies import make_policy
-from tests.policies.builders import cluster, req, w
+from tests.policies.builders import assert_follow_ups_match, cluster, req, w
 
 FTCOST = make_policy("smetric-ftcost")
 SMETRIC = make_policy("smetric")
@@ -60,9 +60,4 @@ def test_follow_ups_are_smetrics() -> None:
         cluster(w(load=10, hit=800), w(load=0, hit=700), w(load=1)),
         cluster(w(load=0, hit=100), w(load=5, hit=820)),
     ]
-    for view in views:
-        for f in (
-            req(prompt_len=900, turn=2, est_hit=820),
-            req(prompt_len=900, turn=1, est_hit=800),
-        ):
-            assert FTCOST.decide(f, view) == SMETRIC.decide(f, view)
+    assert_follow_ups_match(FTCOST, SMETRIC, views)

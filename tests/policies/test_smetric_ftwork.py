@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from smetric_router.policies import make_policy
-from tests.policies.builders import cluster, req, w
+from tests.policies.builders import assert_follow_ups_match, cluster, req, w
 
 FTWORK = make_policy("smetric-ftwork")
 SMETRIC = make_policy("smetric")
@@ -45,6 +45,4 @@ def test_follow_ups_are_smetrics() -> None:
         cluster(w(load=10, hit=800), w(load=0), w(load=1)),
         cluster(w(load=0, hit=100), w(load=5, unprefilled=10)),
     ]
-    for view in views:
-        for f in (req(turn=2, est_hit=820), req(turn=1, est_hit=800)):
-            assert FTWORK.decide(f, view) == SMETRIC.decide(f, view)
+    assert_follow_ups_match(FTWORK, SMETRIC, views)
