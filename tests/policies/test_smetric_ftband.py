@@ -66,19 +66,6 @@ def test_a_burst_of_sessions_on_one_template_stays_balanced() -> None:
     assert sorted(_burst("smetric", 8, 4).values()) == [2, 2, 2, 2]
 
 
-def test_first_turn_ties_go_to_the_fewest_in_flight_then_round_robin() -> None:
-    # 500 x 2 = 1,000 x 1 for all three: the fewest in flight
-    even = cluster(w(load=1, hit=500), w(load=0), w(load=1, hit=500))
-    chosen = [FTBAND.decide(req(prompt_len=1_000, turn=0), replace(even, tick=t)).worker
-              for t in range(4)]  # fmt: skip
-    assert chosen == ["w1"] * 4
-    # 1,000 each at one in flight each, w2 3,000: round-robin between w0 and w1
-    level = cluster(w(load=1, hit=500), w(load=1, hit=500), w(load=2))
-    chosen = [FTBAND.decide(req(prompt_len=1_000, turn=0), replace(level, tick=t)).worker
-              for t in range(4)]  # fmt: skip
-    assert chosen == ["w0", "w1", "w0", "w1"]
-
-
 def test_first_turn_skips_a_worker_whose_circuit_is_open() -> None:
     view = cluster(replace(w(load=0, hit=900), breaker_open=True), w(load=0), w(load=1))
     assert FTBAND.decide(req(prompt_len=1_000, turn=0), view).worker == "w1"

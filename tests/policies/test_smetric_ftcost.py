@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from smetric_router.policies import make_policy
 from tests.policies.builders import assert_follow_ups_match, cluster, req, w
 
@@ -25,15 +27,17 @@ def test_first_turn_goes_to_a_templates_holder_while_its_queue_costs_less_than_t
     assert FTCOST.decide(req(prompt_len=8_000, turn=0), view).worker == "w1"
 
 
-def test_first_turn_ties_go_to_the_fewest_in_flight_then_round_robin() -> None:
+@pytest.mark.parametrize("name", ["smetric-ftcost", "smetric-ftband"])
+def test_first_turn_ties_go_to_the_fewest_in_flight_then_round_robin(name: str) -> None:
+    policy = make_policy(name)  # the band holds every worker in these views
     # 500 x 2 = 1,000 x 1 for all three: the fewest in flight
     even = cluster(w(load=1, hit=500), w(load=0), w(load=1, hit=500))
-    chosen = [FTCOST.decide(req(prompt_len=1_000, turn=0), replace(even, tick=t)).worker
+    chosen = [policy.decide(req(prompt_len=1_000, turn=0), replace(even, tick=t)).worker
               for t in range(4)]  # fmt: skip
     assert chosen == ["w1"] * 4
     # 1,000 each at one in flight each, w2 3,000: round-robin between w0 and w1
     level = cluster(w(load=1, hit=500), w(load=1, hit=500), w(load=2))
-    chosen = [FTCOST.decide(req(prompt_len=1_000, turn=0), replace(level, tick=t)).worker
+    chosen = [policy.decide(req(prompt_len=1_000, turn=0), replace(level, tick=t)).worker
               for t in range(4)]  # fmt: skip
     assert chosen == ["w0", "w1", "w0", "w1"]
 
