@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import subprocess
+import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -132,3 +133,24 @@ async def sessions(base_url: str, model: str, count: int, turns: int) -> int:
         ]
         await client.chat.completions.create(model=model, messages=lost, max_tokens=8)
     return count * turns + 1
+
+
+@contextlib.contextmanager
+def busy(base_url: str, model: str) -> Iterator[None]:
+    """Chat sessions sent one batch after another until the block ends, so that the router has
+    requests in flight whenever Prometheus scrapes it: a rule over the workers' load has no
+    sample on an idle cluster, and on a loaded machine the scrapes during one short burst can all
+    come too late."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            asyncio.run(sessions(base_url, model, count=4, turns=2))
+
+    thread = threading.Thread(target=run, name="busy", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=60)

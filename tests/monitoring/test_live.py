@@ -18,7 +18,14 @@ import pytest
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS
 from tests.helpers.polling import eventually_sync
-from tests.monitoring.live import chromium, heatmap_spread, prometheus, query_range, sessions
+from tests.monitoring.live import (
+    busy,
+    chromium,
+    heatmap_spread,
+    prometheus,
+    query_range,
+    sessions,
+)
 from tests.monitoring.tools import panel_queries, recording_names, require_tool, substitute
 
 ADMIN = "admin-key-dash"
@@ -78,7 +85,8 @@ def test_every_recording_rule_and_panel_query_returns_data(live: Live) -> None:
         return all(last.values())
 
     try:
-        eventually_sync(all_answered, "every rule and panel query answered", timeout=30)
+        with busy(live.stack.url, live.stack.spec.workers.model_name):
+            eventually_sync(all_answered, "every rule and panel query answered", timeout=30)
     except AssertionError:
         raise AssertionError(f"no data: {[e for e, ok in last.items() if not ok]}") from None
 

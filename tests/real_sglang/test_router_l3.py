@@ -203,6 +203,9 @@ def test_both_l3_sources_agree_with_the_master(mooncake_stack: Stack, tmp_path: 
         assert l3_answer(stack.url, ids) == held  # the master's API
 
 
+PROBE_IDS = list(range(100, 100 + 4 * PAGE))
+
+
 def test_master_killed_and_restarted_mid_run(mooncake_stack: Stack) -> None:
     stack = mooncake_stack
     master = next(c for c in stack.children if c.name == MASTER and c.proc is not None)
@@ -220,6 +223,9 @@ def test_master_killed_and_restarted_mid_run(mooncake_stack: Stack) -> None:
         if turn == 4:
             stack.start_mooncake()
             eventually_sync(lambda: metric(stack.url, "smetric_l3_known") == 1.0, "L3 known", 30)
+            # and a lookup answered: the first ones to the new master can outlast a request's
+            # head on a loaded machine, which the header then reports as unknown
+            eventually_sync(lambda: l3_answer(stack.url, PROBE_IDS) is not None, "L3 answered", 30)
         headers, reply = chat(stack, conv)  # answered whatever the store's state
         seen.append(l3_of(headers))
         conv += [{"role": "assistant", "content": reply.choices[0].message.content},
