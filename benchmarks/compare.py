@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -224,24 +225,34 @@ class Run:
                 "router_cpu_s": self.router_cpu_s, "decide_ms": self.decide_ms,
                 "decide_stages_ms": self.decide_stages_ms}  # fmt: skip
 
+    def _conversations(self, lens: list[int]) -> list[range] | None:
+        """Each conversation's rounds as indices into bench_serving's per-request lists (its
+        outputs are the conversations' rounds in dataset order); None where there are no
+        outputs or they do not add up to the conversations."""
+        if not lens or sum(self.turns) != len(lens):
+            return None
+        starts = [0, *itertools.accumulate(self.turns)]
+        return [range(a, b) for a, b in itertools.pairwise(starts)]
+
     @property
     def history_hit(self) -> float | None:
         """Share of follow-ups that found their previous prompt cached (all but its last partial
         page) where they ran, from bench_serving's per-request cached_tokens (its outputs are
         the conversations' rounds in dataset order). None where the router does not pass
         SGLang's sglext (cached_tokens_details) through."""
-        lens, cached = self.result.get("input_lens"), self.result.get("cached_tokens")
+        lens: list[int] = self.result.get("input_lens") or []
+        cached = self.result.get("cached_tokens")
         errors = self.result.get("errors") or []
-        if not lens or not cached or not any(cached) or sum(self.turns) != len(lens):
+        conversations = self._conversations(lens)
+        if not cached or not any(cached) or conversations is None:
             return None
-        hits = n = i = 0
-        for t in self.turns:
-            for k in range(i + 1, i + t):
+        hits = n = 0
+        for rounds in conversations:
+            for k in rounds[1:]:
                 if k < len(errors) and errors[k]:
                     continue
                 n += 1
                 hits += cached[k] >= lens[k - 1] - PAGE
-            i += t
         return hits / n if n else None
 
     @property
@@ -252,17 +263,17 @@ class Run:
         page the cached share is the same under any placement, and what a placement changes is
         how much of it is on the device when the request runs, not fetched first. None where
         the router does not pass SGLang's sglext through."""
-        lens, details = self.result.get("input_lens"), self.result.get("cached_tokens_details")
-        if not lens or not details or sum(self.turns) != len(lens) or not any(details):
+        lens: list[int] = self.result.get("input_lens") or []
+        details = self.result.get("cached_tokens_details")
+        conversations = self._conversations(lens)
+        if not details or not any(details) or conversations is None:
             return None
         tokens, device = [0, 0], [0, 0]  # first turns, follow-ups
-        i = 0
-        for t in self.turns:
-            for k in range(i, i + t):
-                part = k > i
+        for rounds in conversations:
+            for k in rounds:
+                part = k != rounds.start
                 tokens[part] += lens[k]
                 device[part] += (details[k] or {}).get("device", 0)
-            i += t
         if not tokens[0] or not tokens[1]:
             return None
         return device[0] / tokens[0], device[1] / tokens[1]

@@ -1464,7 +1464,7 @@ def first_turn_cost() -> None:
         fine = {key: peak(sweep)["tps_within_slo"] for key, sweep in curve.items()}
         coarse = {key: peak([x for x in sweep if x.rate in SWEEP])["tps_within_slo"]
                   for key, sweep in curve.items()}  # fmt: skip
-        ratios: list[list[float]] = [[] for _ in range(6)]
+        ratio_rows: list[list[float]] = []
         for c in cells:
             cell = [fine[("smetric-ftcost", c)] / fine[("smetric", c)],
                     fine[("smetric-ftcost", c)] / fine[("lmetric-inflight", c)],
@@ -1472,14 +1472,14 @@ def first_turn_cost() -> None:
                     coarse[("smetric-ftcost", c)] / coarse[("smetric", c)],
                     fine[("smetric-ftband", c)] / fine[("smetric", c)],
                     fine[("smetric-ftband", c)] / fine[("lmetric-inflight", c)]]  # fmt: skip
-            for acc, x in zip(ratios, cell, strict=True):
-                acc.append(x)
+            ratio_rows.append(cell)
             table.append((gx(g), f"seed {c[0]} sample {c[1]}",
                           *[f"{fine[(p, c)]:,.0f}" for p in FC_POLICIES],
                           *[f"{x:.3f}" for x in cell]))  # fmt: skip
+        columns = zip(*ratio_rows, strict=True)  # each ratio over the cells
         table.append((gx(g), "**mean [min–max]**",
                       *[spread(fine[(p, c)] for c in cells).fmt(",.0f") for p in FC_POLICIES],
-                      *[f"**{spread(r).fmt()}**" for r in ratios]))  # fmt: skip
+                      *[f"**{spread(r).fmt()}**" for r in columns]))  # fmt: skip
         for ax, c in zip(axes[i], cells, strict=True):
             for p in FC_POLICIES:
                 tps = [x["tps_within_slo"] / 1e3 for x in runs(curve[(p, c)])]
