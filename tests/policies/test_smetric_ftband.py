@@ -1,6 +1,7 @@
 """smetric-ftband: first turns by recompute cost among the workers within a band of load;
 against smetric-ftcost (the cost among all) and smetric (least load). Follow-ups are smetric's
-(built views)."""
+(built views). Where the band holds every worker its first turn is smetric-ftcost's, checked by
+test_smetric_ftcost.py's tests parametrized over both, its follow-ups too."""
 
 from __future__ import annotations
 
@@ -9,20 +10,11 @@ from dataclasses import replace
 
 from smetric_router.core.types import ClusterView
 from smetric_router.policies import PolicyParams, make_policy
-from tests.policies.builders import assert_follow_ups_match, cluster, req, w
+from tests.policies.builders import cluster, req, w
 
 FTBAND = make_policy("smetric-ftband")
 FTCOST = make_policy("smetric-ftcost")
 SMETRIC = make_policy("smetric")
-
-
-def test_first_turn_goes_to_a_templates_holder_inside_the_band() -> None:
-    # w0 holds 6,000 of the 8,000-token prompt with one request in flight: 1 + 1 <= 2 x (0 + 1),
-    # and 2,000 x 2 = 4,000 against w1's 8,000 x 1
-    view = cluster(w(load=1, hit=6_000), w(load=0))
-    d = FTBAND.decide(req(prompt_len=8_000, turn=0), view)
-    assert (d.worker, d.reason) == ("w0", "first-turn-balance")
-    assert SMETRIC.decide(req(prompt_len=8_000, turn=0), view).worker == "w1"
 
 
 def test_a_holder_beyond_the_band_is_passed_over_however_cheap() -> None:
@@ -64,17 +56,3 @@ def test_a_burst_of_sessions_on_one_template_stays_balanced() -> None:
     assert sorted(_burst("smetric-ftband", 8, 4).values()) == [2, 2, 2, 2]
     assert _burst("smetric-ftcost", 8, 4).most_common(1)[0][1] == 8
     assert sorted(_burst("smetric", 8, 4).values()) == [2, 2, 2, 2]
-
-
-def test_first_turn_skips_a_worker_whose_circuit_is_open() -> None:
-    view = cluster(replace(w(load=0, hit=900), breaker_open=True), w(load=0), w(load=1))
-    assert FTBAND.decide(req(prompt_len=1_000, turn=0), view).worker == "w1"
-
-
-def test_follow_ups_are_smetrics() -> None:
-    views = [
-        cluster(w(load=2, hit=100), w(load=3, hit=800)),
-        cluster(w(load=10, hit=800), w(load=0, hit=700), w(load=1)),
-        cluster(w(load=0, hit=100), w(load=5, hit=820)),
-    ]
-    assert_follow_ups_match(FTBAND, SMETRIC, views)
