@@ -3,7 +3,8 @@ global-tier figures (provisioning, NICs per server, a degraded link) and the acc
 
     python -m benchmarks.repro_colocated FIGURE [--jobs N]
     FIGURE: bailian_lambda, fig9, fig11, fig12, fig14, fig15, fig25, provisioning, nics, sampling,
-            scale, degraded_link, acceptance, first_turn, follow_ups, all;
+            scale, degraded_link, acceptance, first_turn, follow_ups, first_turn_cost,
+            headroom, all;
             plan, probe, reuse, moves (diagnostics)
 
 The study's trace comes from ONE place, `STUDY` below (the generator command, the trace seeds, the
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ import numpy as np
 import orjson
 
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures
-from smetric_router.engine.timing import load_profile
+from smetric_router.engine.timing import TimingModel, load_profile
 from smetric_router.policies import make_policy, policy_names
 from smetric_router.policies.base import PolicyParams, registered_in
 from smetric_router.sim.cluster import Cluster, RunResult, arrival_order
@@ -131,8 +132,9 @@ CODE_VERSION = {
 def _policy_hashes() -> dict[str, str]:
     """Per policy, a hash of the sources its runs depend on: the policies package without the
     other policies' own modules, so that changing one policy re-runs its rows and no other's.
-    Read once, at import: the code that runs is the code imported then, and an edit made while
-    a figure runs must not give the old code's rows the new code's key."""
+    builtin.py only imports the modules so that they register: a policy added there changes no
+    other policy's runs. Read once, at import: the code that runs is the code imported then, and
+    an edit made while a figure runs must not give the old code's rows the new code's key."""
     files = {
         n: {sys.modules[m].__file__ for m in (type(make_policy(n)).__module__, registered_in(n))}
         for n in policy_names()
@@ -142,6 +144,8 @@ def _policy_hashes() -> dict[str, str]:
     for name, own in files.items():
         h = hashlib.sha256()
         for f in sorted((REPO / "smetric_router" / "policies").glob("*.py")):
+            if f.name == "builtin.py":
+                continue
             if str(f) in own or str(f) not in anyones:
                 h.update(f.name.encode())
                 h.update(f.read_bytes())
@@ -212,6 +216,9 @@ class Spec:
     instances: int = 32
     # when a follow-up arrives (SimConfig.follow_ups): "trace" replays the trace's times
     follow_ups: str = "trace"
+    # False: what an instance loads from another tier crosses PCIe in no time (the headroom
+    # figure's free fetches, with nic_gbps FREE_GBPS and fetch_ms 0)
+    pcie: bool = True
 
     def base_rate(self) -> float:
         """What rate 1x is, as a multiple of the trace's own rate."""
@@ -236,6 +243,7 @@ class Spec:
             + (f"-sample{self.sample}" if self.sample else "")
             + (f"-i{self.instances}" if self.instances != 32 else "")
             + (f"-fu-{self.follow_ups}" if self.follow_ups != "trace" else "")
+            + ("" if self.pcie else "-nopcie")
         )
 
 
@@ -296,6 +304,13 @@ def _extra(res: RunResult) -> dict[str, Any]:
     }
 
 
+def timing(spec: Spec, cfg: SimConfig) -> TimingModel:
+    out = TimingModel.load(cfg.profile)
+    if not spec.pcie:
+        out.pcie_bytes_per_s = math.inf
+    return out
+
+
 def run(spec: Spec) -> dict[str, Any]:
     path = CACHE / f"{spec.key()}.json"
     if path.exists():
@@ -306,7 +321,8 @@ def run(spec: Spec) -> dict[str, Any]:
     if spec.sample:
         reqs, stretch = sample_sessions(reqs, stretch, spec.sample), 1.0
     t = time.perf_counter()
-    res = Cluster(cfg, make_policy(spec.policy, cfg.params), spec.ratio).run(reqs, stretch)
+    policy = make_policy(spec.policy, cfg.params)
+    res = Cluster(cfg, policy, spec.ratio, timing=timing(spec, cfg)).run(reqs, stretch)
     wall = time.perf_counter() - t
     out = summarize(res, cfg.slo, spec.policy, spec.rate * BASE_RATE, spec.ratio)
     out.update(_extra(res), wall_s=wall, trace_seed=spec.seed, nics=spec.nics)
@@ -1493,6 +1509,120 @@ def first_turn_cost() -> None:
           "(simulator, modelled)", body, rows)  # fmt: skip
 
 
+# What placement could still gain with a full global tier: the same rules with the tier's fetches
+# free (no link queue, no per-fetch overhead, no PCIe copy), so that where a history sits costs
+# nothing and what is left between the policies is how they balance
+HEADROOM_POLICIES = ("smetric", "lmetric-inflight", "load_balance")
+FREE_GBPS = 1e6  # per server: no transfer ever waits for the link
+
+
+def _free(spec: Spec) -> Spec:
+    return replace(spec, nic_gbps=FREE_GBPS, fetch_ms=0.0, pcie=False)
+
+
+def _headroom_spec(p: str, r: float, free: bool, t: int, k: int) -> Spec:
+    spec = _scale_spec(p, r, math.inf, t, k)
+    return _free(spec) if free else spec
+
+
+def _headroom_study_spec(p: str, r: float, free: bool, seed: int) -> Spec:
+    """At the study's 32 instances, its trace seeds and rate sweep (fig11's full-tier cells)."""
+    spec = Spec(p, r, math.inf, seed)
+    return _free(spec) if free else spec
+
+
+def headroom_specs() -> list[Spec]:
+    return [
+        _headroom_spec(p, r, free, t, k) for free in (False, True) for p in HEADROOM_POLICIES
+        for t, k in _scale_cells()["generated"] for r in FINE_SWEEP
+    ] + [
+        _headroom_study_spec(p, r, free, s) for free in (False, True) for p in HEADROOM_POLICIES
+        for s in SEEDS for r in SWEEP
+    ]  # fmt: skip
+
+
+HEADROOM_MODES = ((False, "tier"), (True, "free"))
+
+
+def _headroom_table(curve: dict[tuple[str, bool, str], list[Spec]]) -> list[str]:
+    """Per cell, each policy's max TPS within SLO over its sweep, with the tier and with free
+    fetches, and the ratios that say what is left to gain; then their mean [min–max]."""
+    top = {key: peak(sweep) for key, sweep in curve.items()}
+    tps = {key: row["tps_within_slo"] for key, row in top.items()}
+    labels = list(dict.fromkeys(label for _, _, label in curve))
+    head = ("cell", *[f"{p} {m}" for _, m in HEADROOM_MODES for p in HEADROOM_POLICIES],
+            "smetric / lmetric-inflight", "best free / lmetric-inflight",
+            "smetric free / smetric")  # fmt: skip
+    table = []
+    ratios: list[list[float]] = []
+    for c in labels:
+        base = tps[("lmetric-inflight", False, c)]
+        cell = [tps[("smetric", False, c)] / base,
+                max(tps[(p, True, c)] for p in HEADROOM_POLICIES) / base,
+                tps[("smetric", True, c)] / tps[("smetric", False, c)]]  # fmt: skip
+        ratios.append(cell)
+        table.append((c, *[f"{tps[(p, f, c)]:,.0f} ({pct(top[(p, f, c)]['local_hit_ratio'])})"
+                           for f, _ in HEADROOM_MODES for p in HEADROOM_POLICIES],
+                      *[f"{x:.3f}" for x in cell]))  # fmt: skip
+    table.append((
+        "**mean [min–max]**",
+        *[spread(tps[(p, f, c)] for c in labels).fmt(",.0f") for f, _ in HEADROOM_MODES
+          for p in HEADROOM_POLICIES],
+        *[f"**{spread(r).fmt()}**" for r in zip(*ratios, strict=True)],
+    ))  # fmt: skip
+    return md_table(head, table)
+
+
+def headroom() -> None:
+    rows = runs(headroom_specs())
+    cells = _scale_cells()["generated"]
+    fine = {
+        (p, free, f"seed {t} sample {k}"): [_headroom_spec(p, r, free, t, k) for r in FINE_SWEEP]
+        for p in HEADROOM_POLICIES for free, _ in HEADROOM_MODES for t, k in cells
+    }  # fmt: skip
+    study = {
+        (p, free, f"seed {s}"): [_headroom_study_spec(p, r, free, s) for r in SWEEP]
+        for p in HEADROOM_POLICIES for free, _ in HEADROOM_MODES for s in SEEDS
+    }  # fmt: skip
+    body = [
+        "How much a placement rule could still gain with a fully provisioned global tier. "
+        "Each policy runs twice: with the tier as everywhere else in the study (1 x "
+        f"{NIC_GBPS} GB/s NIC per server, 1.5 ms per fetch, the PCIe copy stalling the batch "
+        "it is loaded in), and with its fetches free: no link, no per-fetch overhead, no PCIe "
+        "time. With free fetches a history is as good in the tier as on the GPU, so each "
+        "policy's free peak bounds what keeping its sessions local could add to its balancing "
+        "rule; a policy that beats the best of them needs a better balance, not better "
+        "locality. Cells: max TPS within SLO over the sweep (local hit at that peak).",
+        "",
+        f"At {SCALE_INSTANCES} instances, on first_turn_cost's cells (sessions sampled at their "
+        f"original timing) and fine rate sweep ({FINE_SWEEP[0]:g}-{FINE_SWEEP[-1]:g} x "
+        f"{BASE_RATE}, steps of 0.1):",
+        "",
+        *_headroom_table(fine),
+        "",
+        f"At the study's 32 instances, trace seeds {', '.join(map(str, SEEDS))}, its rate sweep "
+        f"({', '.join(f'{r:g}' for r in SWEEP)} x {BASE_RATE}; the tier rows are fig11.md's "
+        "full-tier cells):",
+        "",
+        *_headroom_table(study),
+        "",
+    ]
+    fig, axes = plt.subplots(1, len(cells), figsize=(3.4 * len(cells), 3.4), squeeze=False)
+    for ax, (t, k) in zip(axes[0], cells, strict=True):
+        for i, p in enumerate(HEADROOM_POLICIES):
+            for free, m in HEADROOM_MODES:
+                sweep = runs(fine[(p, free, f"seed {t} sample {k}")])
+                ys = [x["tps_within_slo"] / 1e3 for x in sweep]
+                ax.plot(FINE_SWEEP, ys, "--" if free else "-", color=f"C{i}", label=f"{p} {m}")
+        ax.set_title(f"{SCALE_INSTANCES} instances, seed {t} sample {k}", fontsize=9)
+        ax.set_xlabel(f"rate (x {BASE_RATE})")
+    axes[0][0].set_ylabel("TPS within SLO (K tokens/s)")
+    axes[0][0].legend(fontsize=7)
+    body.append(save(fig, "headroom"))
+    write("headroom", "Headroom with a full global tier: the policies with free fetches "
+          "(simulator, modelled)", body, rows)  # fmt: skip
+
+
 def working_set(seed: int) -> float:
     """Distinct prompt tokens of the replayed window, x the cluster's GPU KV."""
     reqs = trace(seed)
@@ -1857,6 +1987,7 @@ FIGS: dict[str, Figure] = {
     "first_turn": Figure(first_turn, first_turn_specs),
     "follow_ups": Figure(follow_ups, follow_ups_specs),
     "first_turn_cost": Figure(first_turn_cost, first_turn_cost_specs),
+    "headroom": Figure(headroom, headroom_specs),
 }
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks import repro_colocated as rc
 from smetric_router.sim.report import spread
+from smetric_router.sim.tiers import Tiers
 
 
 def test_the_cache_key_names_every_setting_and_the_code() -> None:
@@ -34,6 +35,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
         "sample": 1,
         "instances": 8,
         "follow_ups": "on-reply",
+        "pcie": False,
     }
     assert set(changed) | {"prefetch"} == {f.name for f in dataclasses.fields(rc.Spec)}
     for name, value in changed.items():
@@ -73,6 +75,37 @@ def test_a_variant_registering_anothers_class_keys_on_its_own_module(
     monkeypatch.setattr(Path, "read_bytes", edited)
     after = rc._policy_hashes()
     assert {p for p in before if before[p] != after[p]} == {"smetric-fetch"}
+
+
+def test_registering_one_more_policy_re_runs_no_others_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """builtin.py imports the policy modules so that they register: a line added there for a
+    new policy leaves every other policy's key as it was."""
+    before = rc._policy_hashes()
+    read = Path.read_bytes
+
+    def edited(self: Path) -> bytes:
+        data = read(self)
+        return data + b"# one more import" if self.name == "builtin.py" else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    assert rc._policy_hashes() == before
+
+
+def test_the_headrooms_free_fetches_cost_no_time() -> None:
+    """The headroom figure's free tier: a fetch adds nothing to the step that loads it, where
+    the study's tier charges its overhead, its link transfer and its PCIe copy."""
+    spec = rc.Spec("smetric", 1.5, math.inf, instances=8)
+    free = rc._free(spec)
+    assert free.key() != spec.key()
+    fetch = {}
+    for s in (spec, free):
+        cfg = rc.sim_config(s)
+        engine = Tiers(cfg, rc.timing(s, cfg), s.ratio).engine(0)
+        fetch[s.pcie] = engine.storage_fetch_seconds(16_000)
+    assert fetch[False] == 0.0
+    assert fetch[True] > 1.5e-3  # at least the per-fetch overhead
 
 
 def test_the_cache_key_names_the_study_window(monkeypatch: pytest.MonkeyPatch) -> None:
