@@ -72,6 +72,7 @@ from smetric_router.launch.kinds.sglang import (
     tokenizer_path,
 )
 from smetric_router.loadgen.sessions import run_sessions
+from smetric_router.policies import policy_names
 from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.to_agentic import DEFAULT_TOKENIZER, Options, convert_file
 
@@ -93,25 +94,12 @@ class RouterDef:
         return "--processes" not in self.extra
 
 
-# the policies whose decisions say whether a follow-up stayed with its holder
-STICKY_POLICIES = (
-    "smetric",
-    "smetric-paper",
-    "smetric-ftwork",
-    "smetric-ftrecent",
-    "smetric-ftcost",
-    "smetric-fetch",
-    "smetric-ftband",
-)
+# the policies whose decisions say whether a follow-up stayed with its holder: SMetric's own
+STICKY_POLICIES = tuple(p for p in policy_names() if p.startswith("smetric"))
 
 ROUTERS: dict[str, RouterDef] = {
     "smetric": RouterDef("smetric", "smetric"),
-    "smetric/smetric-paper": RouterDef("smetric", "smetric-paper"),
-    "smetric/smetric-ftwork": RouterDef("smetric", "smetric-ftwork"),
-    "smetric/smetric-ftrecent": RouterDef("smetric", "smetric-ftrecent"),
-    "smetric/smetric-ftcost": RouterDef("smetric", "smetric-ftcost"),
-    "smetric/smetric-fetch": RouterDef("smetric", "smetric-fetch"),
-    "smetric/smetric-ftband": RouterDef("smetric", "smetric-ftband"),
+    **{f"smetric/{p}": RouterDef("smetric", p) for p in STICKY_POLICIES if p != "smetric"},
     "smetric/bailian": RouterDef("smetric", "bailian"),
     "smetric/lmetric": RouterDef("smetric", "lmetric"),
     "smetric/lmetric-inflight": RouterDef("smetric", "lmetric-inflight"),

@@ -4,7 +4,7 @@ global-tier figures (provisioning, NICs per server, a degraded link) and the acc
     python -m benchmarks.repro_colocated FIGURE [--jobs N]
     FIGURE: bailian_lambda, fig9, fig11, fig12, fig14, fig15, fig25, provisioning, nics, sampling,
             scale, degraded_link, acceptance, first_turn, follow_ups, first_turn_cost,
-            headroom, all;
+            headroom, delay, all;
             plan, probe, reuse, moves (diagnostics)
 
 The study's trace comes from ONE place, `STUDY` below (the generator command, the trace seeds, the
@@ -1623,6 +1623,91 @@ def headroom() -> None:
           "(simulator, modelled)", body, rows)  # fmt: skip
 
 
+# smetric-delay (smetric's cost plus the prefill queued on the worker, first turns by it too)
+# against the default and the LMetrics in every colocated setting of the study
+DELAY_POLICIES = ("smetric-delay", "smetric", "lmetric-inflight", "lmetric")
+
+
+def delay_specs() -> list[Spec]:
+    cells = _scale_cells()
+    return (
+        [
+            _scale_spec(p, r, g, t, k)
+            for p in DELAY_POLICIES[:3]
+            for g in RATIOS
+            for t, k in cells["generated"]
+            for r in FINE_SWEEP
+        ]
+        + [
+            _scale_spec(p, r, g, t, k)
+            for p in DELAY_POLICIES[:3]
+            for g in RATIOS
+            for t, k in cells["mooncake"]
+            for r in MOONCAKE_SWEEP
+        ]
+        + [Spec(p, r, g, s) for p in DELAY_POLICIES for g in RATIOS for s in SEEDS for r in SWEEP]
+    )
+
+
+def delay() -> None:
+    rows = runs(delay_specs())
+    cells = _scale_cells()
+    head = ("setting", "global", "`smetric-delay`", "`smetric`", "`lmetric-inflight`",
+            "delay / smetric", "delay / lmetric-inflight")  # fmt: skip
+    table = []
+
+    def line(setting: str, g: float, sweeps: dict[str, list[list[Spec]]]) -> None:
+        """sweeps: per policy, one rate sweep per cell; ratios per cell, then mean [min-max]."""
+        tops = {p: [peak(x)["tps_within_slo"] for x in sweeps[p]] for p in DELAY_POLICIES[:3]}
+        ours = tops["smetric-delay"]
+        table.append((
+            setting, gx(g), *[spread(tops[p]).fmt(",.0f") for p in DELAY_POLICIES[:3]],
+            *[f"**{spread(a / b for a, b in zip(ours, tops[p], strict=True)).fmt()}**"
+              for p in DELAY_POLICIES[1:3]],
+        ))  # fmt: skip
+
+    for g in RATIOS:
+        line(f"{SCALE_INSTANCES} instances, fine sweep, 4 cells", g,
+             {p: [[_scale_spec(p, r, g, t, k) for r in FINE_SWEEP] for t, k in cells["generated"]]
+              for p in DELAY_POLICIES[:3]})  # fmt: skip
+        moon = cells["mooncake"]
+        line(f"{SCALE_INSTANCES} instances, Mooncake trace", g,
+             {p: [[_scale_spec(p, r, g, t, k) for r in MOONCAKE_SWEEP] for t, k in moon]
+              for p in DELAY_POLICIES[:3]})  # fmt: skip
+        line(
+            f"32 instances, seeds {', '.join(map(str, SEEDS))}",
+            g,
+            {p: [[Spec(p, r, g, s) for r in SWEEP] for s in SEEDS] for p in DELAY_POLICIES[:3]},
+        )
+    leads = []
+    for g in RATIOS:
+        per_seed = []
+        for s in SEEDS:
+            top = {p: best(p, g, s)["tps_within_slo"] for p in DELAY_POLICIES}
+            per_seed.append(top["smetric-delay"] / max(top["lmetric-inflight"], top["lmetric"]))
+        leads.append(f"{gx(g)}: **{spread(per_seed).fmt()}**")
+    body = [
+        "`smetric-delay` prices a worker for a request as `smetric` does, (prompt - local hit) x "
+        "(load + 1), plus the worker's unprefilled tokens (the new tokens of the requests routed "
+        "there whose first token has not come back), and places first turns by that cost too. "
+        "Each cell: max TPS within SLO over the sweep, mean [min–max] over the cells; ratios per "
+        f"cell. {SCALE_INSTANCES} instances: first_turn_cost's cells (trace seeds "
+        f"{', '.join(map(str, SCALE_SEEDS))} x session samples {', '.join(map(str, SAMPLES))}, "
+        f"sessions at their original timing) on its fine sweep ({FINE_SWEEP[0]:g}-"
+        f"{FINE_SWEEP[-1]:g} x {BASE_RATE}), and the scale figure's Mooncake conversation trace "
+        f"({', '.join(f'{r:g}' for r in MOONCAKE_SWEEP)} x {MOONCAKE_BASE_RATE:g} x its rate x "
+        f"{SCALE_INSTANCES}/32); 32 instances: fig11's cells (its sweep).",
+        "",
+        *md_table(head, table),
+        "",
+        "At 32 instances, `smetric-delay` over the better of the two LMetrics per seed (the "
+        "study's best baseline in fig11.md on every seed and tier; Bailian and load_balance are "
+        "below both there), by global tier: " + "; ".join(leads) + ".",
+    ]
+    write("delay", "smetric-delay: the prefill queued on a worker in smetric's cost "
+          "(simulator, modelled)", body, rows)  # fmt: skip
+
+
 def working_set(seed: int) -> float:
     """Distinct prompt tokens of the replayed window, x the cluster's GPU KV."""
     reqs = trace(seed)
@@ -1988,6 +2073,7 @@ FIGS: dict[str, Figure] = {
     "follow_ups": Figure(follow_ups, follow_ups_specs),
     "first_turn_cost": Figure(first_turn_cost, first_turn_cost_specs),
     "headroom": Figure(headroom, headroom_specs),
+    "delay": Figure(delay, delay_specs),
 }
 
 

@@ -41,7 +41,8 @@ class PolicyParams:
             "--move-cost-ratio",
             "smetric: a follow-up leaves the worker holding its cache when staying would cost "
             "more than MOVE_COST_RATIO x the cheapest move, a worker's cost being the tokens "
-            "it would prefill there x (its load + 1); inf = never moved for load. "
+            "it would prefill there x (its load + 1) (smetric-delay: plus its unprefilled "
+            "tokens); inf = never moved for load. "
             "smetric-ftband: a first turn goes only to a worker whose load + 1 is within "
             "MOVE_COST_RATIO x the least loaded's",
         ),

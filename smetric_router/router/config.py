@@ -190,6 +190,8 @@ class RouterConfig:
             "(a shared prefix's holder while its queue costs less than the prefix); "
             "smetric-ftband: smetric-ftcost's cost among the workers within --move-cost-ratio "
             "x the least load only, so first turns stay balanced within that factor; "
+            "smetric-delay: smetric with the worker's unprefilled tokens added to its cost "
+            "(the prefill queued ahead of the request), first turns placed by that cost too; "
             "smetric-fetch: "
             "smetric with the global tier's hit (--l3-view) counted as fetched, not recomputed, "
             "in its move costs; smetric-paper: "

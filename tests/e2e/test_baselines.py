@@ -84,14 +84,15 @@ async def test_smetric_paper_through_the_router(stack: Stack, tmp_path: Path) ->
         await eventually(stuck, "the follow-up sticking to its first turn's worker")
 
 
-@pytest.mark.parametrize("policy", ["smetric-ftcost", "smetric-ftband"])
+@pytest.mark.parametrize("policy", ["smetric-ftcost", "smetric-ftband", "smetric-delay"])
 async def test_first_turns_by_cost_go_to_their_templates_holder(
     stack: Stack, tmp_path: Path, policy: str
 ) -> None:
     """New sessions opening with a 320-token template, one after another, all go to the worker
     that holds it (16 new tokens there against 336 on the other; with nothing else in flight the
-    holder is inside smetric-ftband's band of load), still as first turns; `smetric` would
-    alternate them between the two idle workers."""
+    holder is inside smetric-ftband's band of load and nothing is unprefilled anywhere for
+    smetric-delay), still as first turns; `smetric` would alternate them between the two idle
+    workers."""
     template = token_ids(seed=21, n=320)
     async with router(stack, tmp_path, policy) as (url, http):
         first = "x-smetric-turn"

@@ -14,6 +14,7 @@ def test_registry_lists_every_policy_and_rejects_unknown_names() -> None:
         "smetric-ftrecent",
         "smetric-ftcost",
         "smetric-ftband",
+        "smetric-delay",
         "smetric-fetch",
         "bailian",
         "lmetric",
