@@ -15,8 +15,8 @@ request already there (a prefill chunk shares the step with their decode). The o
 the fallback compare the same cost, so a follow-up leaves a holder whose queue of long prefills
 outweighs twice a cheaper worker's, where a request count saw one request.
 
-Why the queued tokens matter: in flight, a request that is decoding and one with 100K tokens still
-to prefill count the same, and the request behind them waits for neither the same time.
+Why the queued tokens matter: a request that is decoding and one with 100K tokens still to prefill
+are one request in flight each, but only the second makes the next request wait for 100K tokens.
 
 Measured (modelled): in the simulator (benchmarks/results/delay.md) against the better of the two
 LMetrics per seed at 32 instances 1.075x without a global tier and 1.014x with a full one
