@@ -1516,19 +1516,17 @@ HEADROOM_POLICIES = ("smetric", "lmetric-inflight", "load_balance")
 FREE_GBPS = 1e6  # per server: no transfer ever waits for the link
 
 
-def _free(spec: Spec) -> Spec:
-    return replace(spec, nic_gbps=FREE_GBPS, fetch_ms=0.0, pcie=False)
+def _free(spec: Spec, free: bool = True) -> Spec:
+    return replace(spec, nic_gbps=FREE_GBPS, fetch_ms=0.0, pcie=False) if free else spec
 
 
 def _headroom_spec(p: str, r: float, free: bool, t: int, k: int) -> Spec:
-    spec = _scale_spec(p, r, math.inf, t, k)
-    return _free(spec) if free else spec
+    return _free(_scale_spec(p, r, math.inf, t, k), free)
 
 
 def _headroom_study_spec(p: str, r: float, free: bool, seed: int) -> Spec:
     """At the study's 32 instances, its trace seeds and rate sweep (fig11's full-tier cells)."""
-    spec = Spec(p, r, math.inf, seed)
-    return _free(spec) if free else spec
+    return _free(Spec(p, r, math.inf, seed), free)
 
 
 def headroom_specs() -> list[Spec]:

@@ -60,20 +60,25 @@ def test_a_policys_key_follows_its_own_sources_only(monkeypatch: pytest.MonkeyPa
     assert rc._policy_hashes() == rc.POLICY_HASH | {"smetric": rc._policy_hashes()["smetric"]}
 
 
+def _hashes_after_editing(monkeypatch: pytest.MonkeyPatch, name: str) -> dict[str, str]:
+    """The policy hashes as they would be with a line appended to policies/`name`."""
+    read = Path.read_bytes
+
+    def edited(self: Path) -> bytes:
+        data = read(self)
+        return data + b"# edited" if self.name == name else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    return rc._policy_hashes()
+
+
 def test_a_variant_registering_anothers_class_keys_on_its_own_module(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """smetric_fetch.py registers smetric's class with another cost: an edit there re-runs
     smetric-fetch's rows, not smetric's nor any other policy's."""
     before = rc._policy_hashes()
-    read = Path.read_bytes
-
-    def edited(self: Path) -> bytes:
-        data = read(self)
-        return data + b"# edited" if self.name == "smetric_fetch.py" else data
-
-    monkeypatch.setattr(Path, "read_bytes", edited)
-    after = rc._policy_hashes()
+    after = _hashes_after_editing(monkeypatch, "smetric_fetch.py")
     assert {p for p in before if before[p] != after[p]} == {"smetric-fetch"}
 
 
@@ -83,14 +88,7 @@ def test_registering_one_more_policy_re_runs_no_others_rows(
     """builtin.py imports the policy modules so that they register: a line added there for a
     new policy leaves every other policy's key as it was."""
     before = rc._policy_hashes()
-    read = Path.read_bytes
-
-    def edited(self: Path) -> bytes:
-        data = read(self)
-        return data + b"# one more import" if self.name == "builtin.py" else data
-
-    monkeypatch.setattr(Path, "read_bytes", edited)
-    assert rc._policy_hashes() == before
+    assert _hashes_after_editing(monkeypatch, "builtin.py") == before
 
 
 def test_the_headrooms_free_fetches_cost_no_time() -> None:
