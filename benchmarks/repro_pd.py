@@ -34,12 +34,14 @@ import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
+from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import make_policy
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.pd import PdCluster, summarize_pd, trace_pages
@@ -56,6 +58,10 @@ SESSIONS = 200
 TRACE_RATE_S = 416.0
 DURATIONS = (1387.0, 925.0, 693.0, 555.0)
 RATIOS = (0.0, math.inf)
+# --free-fetches: per server, so that no transfer ever waits for the link (the colocated
+# headroom figure's bound, benchmarks/repro_colocated.py)
+FREE_BYTES_PER_S = 1e15
+FREE_NOTE = ", its fetches free (no link, no per-fetch overhead, no PCIe time)"
 SEEDS = (1, 2, 3)
 
 
@@ -85,7 +91,8 @@ def _one(task: tuple[argparse.Namespace, int, float, float, str]) -> tuple[dict[
     base = args.base_s or max(args.durations)
     rate = base / duration
     t = time.perf_counter()
-    res = PdCluster(cfg, make_policy(name, cfg.params), ratio).run(trace, 1.0, None, pages)
+    policy = make_policy(name, cfg.params)
+    res = PdCluster(cfg, policy, ratio, _timing(args, cfg)).run(trace, 1.0, None, pages)
     row = summarize_pd(res, cfg.slo, name, rate, ratio)
     row["requests"] = len(trace)
     row["seed"] = seed
@@ -102,7 +109,17 @@ def _one(task: tuple[argparse.Namespace, int, float, float, str]) -> tuple[dict[
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
-    return SimConfig(instances=args.instances, tier_mode=args.tier_mode)
+    cfg = SimConfig(instances=args.instances, tier_mode=args.tier_mode)
+    if args.free_fetches:  # no link queue, no per-fetch overhead (and no PCIe copy: _timing)
+        return replace(cfg, nic_bytes_per_s=FREE_BYTES_PER_S, fetch_overhead_s=0.0)
+    return cfg
+
+
+def _timing(args: argparse.Namespace, cfg: SimConfig) -> TimingModel:
+    timing = TimingModel.load(cfg.profile)
+    if args.free_fetches:
+        timing.pcie_bytes_per_s = math.inf
+    return timing
 
 
 def _latency_duration(args: argparse.Namespace) -> float:
@@ -296,7 +313,9 @@ def _document(
             f"{', '.join(f'{d:g}' for d in args.durations)} s, each replayed over its start "
             f"window ({n[0]:,}–{n[-1]:,} requests); rate = {base:g} s / D (x the "
             "trace's own rate). Global tier: "
-            f"{', '.join(f'{g:g}' for g in args.global_ratios)} x the cluster's GPU KV. Prefill "
+            f"{', '.join(f'{g:g}' for g in args.global_ratios)} x the cluster's GPU KV"
+            + (FREE_NOTE if args.free_fetches else "")
+            + ". Prefill "
             "TPS counts prompt tokens whose KV is produced (computed or reused) per second; "
             "the SLO is the TTFT part of the simulator's.",
             "",
@@ -355,6 +374,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("paper", "hicache"),
         default="paper",
         help="the simulator's tier mode (SimConfig.tier_mode)",
+    )
+    p.add_argument(
+        "--free-fetches",
+        action="store_true",
+        help="every global-tier fetch free (no link, no per-fetch overhead, no PCIe time): what "
+        "keeping histories local could still add, the colocated headroom figure's bound",
     )
     p.add_argument("--jobs", type=int, default=1, help="simulator runs in parallel processes")
     p.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))

@@ -3,11 +3,15 @@ modes and writes its figure file with the command that made it."""
 
 from __future__ import annotations
 
+import argparse
+import math
 import sys
 from pathlib import Path
 
 import orjson
 import pytest
+
+from smetric_router.sim.tiers import Tiers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import repro_pd
@@ -56,3 +60,16 @@ def test_the_headline_is_each_seeds_best_rate_then_the_spread() -> None:
         ["smetric", "lmetric"],
     )  # fmt: skip
     assert "| 0 | 85 [50–120] | 100 [100–100] | 0.850 [0.500–1.200] |" in table
+
+
+def test_free_fetches_cost_no_time() -> None:
+    """--free-fetches: a global-tier fetch adds nothing to the step that loads it, where the
+    study's tier charges its overhead, its link transfer and its PCIe copy."""
+    fetch = {}
+    for free in (False, True):
+        args = argparse.Namespace(instances=4, tier_mode="paper", free_fetches=free)
+        cfg = repro_pd._config(args)
+        engine = Tiers(cfg, repro_pd._timing(args, cfg), math.inf).engine(0)
+        fetch[free] = engine.storage_fetch_seconds(16_000)
+    assert fetch[True] == 0.0
+    assert fetch[False] > 1.5e-3  # at least the per-fetch overhead
