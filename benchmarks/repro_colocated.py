@@ -140,6 +140,8 @@ def _policy_hashes() -> dict[str, str]:
         for n in policy_names()
     }
     anyones = set().union(*files.values())
+    for name, own in files.items():  # a policy built from another's parts reads their modules
+        own |= _imported(registered_in(name)) & anyones
     out = {}
     for name, own in files.items():
         h = hashlib.sha256()
@@ -151,6 +153,15 @@ def _policy_hashes() -> dict[str, str]:
                 h.update(f.read_bytes())
         out[name] = h.hexdigest()[:6]
     return out
+
+
+def _imported(module: str) -> set[str | None]:
+    """The files of the policies package's modules whose names `module` imports."""
+    return {
+        sys.modules[m].__file__
+        for m in (getattr(v, "__module__", None) for v in vars(sys.modules[module]).values())
+        if isinstance(m, str) and m.startswith("smetric_router.policies.")
+    }
 
 
 POLICY_HASH = _policy_hashes()
@@ -1647,63 +1658,141 @@ def delay_specs() -> list[Spec]:
     )
 
 
+def _lead_row(
+    setting: str, g: float, sweeps: dict[str, list[list[Spec]]], shown: Sequence[str]
+) -> tuple[str, ...]:
+    """One setting's row: each shown policy's max TPS within SLO, mean [min-max] over the
+    cells (sweeps: per policy, one rate sweep per cell), then the first one's ratio to each
+    other, per cell."""
+    tops = {p: [peak(x)["tps_within_slo"] for x in sweeps[p]] for p in shown}
+    ours = tops[shown[0]]
+    return (
+        setting, gx(g), *[spread(tops[p]).fmt(",.0f") for p in shown],
+        *[f"**{spread(a / b for a, b in zip(ours, tops[p], strict=True)).fmt()}**"
+          for p in shown[1:]],
+    )  # fmt: skip
+
+
+LMETRICS = ("lmetric-inflight", "lmetric")
+
+
+def _lmetric_leads(ours: str, ratios: Sequence[float]) -> str:
+    """At 32 instances, `ours` over the better of the two LMetrics per seed, by global tier."""
+    leads = []
+    for g in ratios:
+        per_seed = []
+        for s in SEEDS:
+            top = {
+                p: best(p, g, s)["tps_within_slo"] for p in (ours, "lmetric-inflight", "lmetric")
+            }
+            per_seed.append(top[ours] / max(top["lmetric-inflight"], top["lmetric"]))
+        leads.append(f"{gx(g)}: **{spread(per_seed).fmt()}**")
+    return "; ".join(leads)
+
+
+def _cells_text() -> str:
+    return (
+        f"{SCALE_INSTANCES} instances: first_turn_cost's cells (trace seeds "
+        f"{', '.join(map(str, SCALE_SEEDS))} x session samples {', '.join(map(str, SAMPLES))}, "
+        f"sessions at their original timing) on its fine sweep ({FINE_SWEEP[0]:g}-"
+        f"{FINE_SWEEP[-1]:g} x {BASE_RATE}), and the scale figure's Mooncake conversation trace "
+        f"({', '.join(f'{r:g}' for r in MOONCAKE_SWEEP)} x {MOONCAKE_BASE_RATE:g} x its rate x "
+        f"{SCALE_INSTANCES}/32); 32 instances: fig11's cells (its sweep)."
+    )
+
+
+def _scale_rows(
+    g: float, shown: Sequence[str], settings: Sequence[str] = ("generated", "mooncake")
+) -> list[tuple[str, ...]]:
+    """The rows of the 8-instance settings at global tier g."""
+    cells = _scale_cells()
+    label = {"generated": "fine sweep, 4 cells", "mooncake": "Mooncake trace"}
+    sweep = {"generated": FINE_SWEEP, "mooncake": MOONCAKE_SWEEP}
+    out = []
+    for c in settings:
+        sweeps = {p: [[_scale_spec(p, r, g, t, k) for r in sweep[c]] for t, k in cells[c]]
+                  for p in shown}  # fmt: skip
+        out.append(_lead_row(f"{SCALE_INSTANCES} instances, {label[c]}", g, sweeps, shown))
+    return out
+
+
+def _study_row(g: float, shown: Sequence[str]) -> tuple[str, ...]:
+    sweeps = {p: [[Spec(p, r, g, s) for r in SWEEP] for s in SEEDS] for p in shown}
+    return _lead_row(f"32 instances, seeds {', '.join(map(str, SEEDS))}", g, sweeps, shown)
+
+
 def delay() -> None:
     rows = runs(delay_specs())
-    cells = _scale_cells()
+    shown = DELAY_POLICIES[:3]
     head = ("setting", "global", "`smetric-delay`", "`smetric`", "`lmetric-inflight`",
             "delay / smetric", "delay / lmetric-inflight")  # fmt: skip
     table = []
-
-    def line(setting: str, g: float, sweeps: dict[str, list[list[Spec]]]) -> None:
-        """sweeps: per policy, one rate sweep per cell; ratios per cell, then mean [min-max]."""
-        tops = {p: [peak(x)["tps_within_slo"] for x in sweeps[p]] for p in DELAY_POLICIES[:3]}
-        ours = tops["smetric-delay"]
-        table.append((
-            setting, gx(g), *[spread(tops[p]).fmt(",.0f") for p in DELAY_POLICIES[:3]],
-            *[f"**{spread(a / b for a, b in zip(ours, tops[p], strict=True)).fmt()}**"
-              for p in DELAY_POLICIES[1:3]],
-        ))  # fmt: skip
-
     for g in RATIOS:
-        line(f"{SCALE_INSTANCES} instances, fine sweep, 4 cells", g,
-             {p: [[_scale_spec(p, r, g, t, k) for r in FINE_SWEEP] for t, k in cells["generated"]]
-              for p in DELAY_POLICIES[:3]})  # fmt: skip
-        moon = cells["mooncake"]
-        line(f"{SCALE_INSTANCES} instances, Mooncake trace", g,
-             {p: [[_scale_spec(p, r, g, t, k) for r in MOONCAKE_SWEEP] for t, k in moon]
-              for p in DELAY_POLICIES[:3]})  # fmt: skip
-        line(
-            f"32 instances, seeds {', '.join(map(str, SEEDS))}",
-            g,
-            {p: [[Spec(p, r, g, s) for r in SWEEP] for s in SEEDS] for p in DELAY_POLICIES[:3]},
-        )
-    leads = []
-    for g in RATIOS:
-        per_seed = []
-        for s in SEEDS:
-            top = {p: best(p, g, s)["tps_within_slo"] for p in DELAY_POLICIES}
-            per_seed.append(top["smetric-delay"] / max(top["lmetric-inflight"], top["lmetric"]))
-        leads.append(f"{gx(g)}: **{spread(per_seed).fmt()}**")
+        table += [*_scale_rows(g, shown), _study_row(g, shown)]
     body = [
         "`smetric-delay` prices a worker for a request as `smetric` does, (prompt - local hit) x "
         "(load + 1), plus the worker's unprefilled tokens (the new tokens of the requests routed "
         "there whose first token has not come back), and places first turns by that cost too. "
         "Each cell: max TPS within SLO over the sweep, mean [min–max] over the cells; ratios per "
-        f"cell. {SCALE_INSTANCES} instances: first_turn_cost's cells (trace seeds "
-        f"{', '.join(map(str, SCALE_SEEDS))} x session samples {', '.join(map(str, SAMPLES))}, "
-        f"sessions at their original timing) on its fine sweep ({FINE_SWEEP[0]:g}-"
-        f"{FINE_SWEEP[-1]:g} x {BASE_RATE}), and the scale figure's Mooncake conversation trace "
-        f"({', '.join(f'{r:g}' for r in MOONCAKE_SWEEP)} x {MOONCAKE_BASE_RATE:g} x its rate x "
-        f"{SCALE_INSTANCES}/32); 32 instances: fig11's cells (its sweep).",
+        f"cell. {_cells_text()}",
         "",
         *md_table(head, table),
         "",
         "At 32 instances, `smetric-delay` over the better of the two LMetrics per seed (the "
         "study's best baseline in fig11.md on every seed and tier; Bailian and load_balance are "
-        "below both there), by global tier: " + "; ".join(leads) + ".",
+        "below both there), by global tier: " + _lmetric_leads("smetric-delay", RATIOS) + ".",
     ]
     write("delay", "smetric-delay: the prefill queued on a worker in smetric's cost "
           "(simulator, modelled)", body, rows)  # fmt: skip
+
+
+# smetric-l3move (smetric-delay, but a follow-up whose history the global tier holds goes where
+# its delay is least) against smetric-delay, the default and the LMetrics wherever there is a
+# global tier; without one the two are the same policy, which the 32-instance cells show
+L3MOVE_POLICIES = ("smetric-l3move", "smetric-delay", "smetric", "lmetric-inflight", "lmetric")
+L3MOVE_RATIOS = (0.0, 1.6, math.inf)
+
+
+def l3move_specs() -> list[Spec]:
+    cells = _scale_cells()
+    shown = L3MOVE_POLICIES[:4]
+    return (
+        [_scale_spec(p, r, math.inf, t, k) for p in shown for t, k in cells["generated"]
+         for r in FINE_SWEEP]
+        + [_scale_spec(p, r, math.inf, t, k) for p in shown for t, k in cells["mooncake"]
+           for r in MOONCAKE_SWEEP]
+        + [Spec(p, r, g, s) for p in L3MOVE_POLICIES for g in L3MOVE_RATIOS for s in SEEDS
+           for r in SWEEP]
+    )  # fmt: skip
+
+
+def l3move() -> None:
+    rows = runs(l3move_specs())
+    shown = L3MOVE_POLICIES[:4]
+    head = ("setting", "global", *[f"`{p}`" for p in shown],
+            *[f"l3move / {p}" for p in shown[1:]])  # fmt: skip
+    table = [*_scale_rows(math.inf, shown)]
+    table += [_study_row(g, shown) for g in L3MOVE_RATIOS]
+    body = [
+        "`smetric-l3move` decides as `smetric-delay` except for a follow-up whose history the "
+        "global tier holds (more than HIT_RATIO x it): that one goes to the worker with the "
+        "least unprefilled + (prompt - local hit) x (load + 1), as a first turn does, instead "
+        "of staying on its holder until staying costs twice the cheapest move: there a move "
+        "fetches the history rather than prefilling it again. Without a global tier the two "
+        "are the same policy (the 32-instance row at global 0). Each cell: max TPS within SLO "
+        f"over the sweep, mean [min–max] over the cells; ratios per cell. {_cells_text()}",
+        "",
+        *md_table(head, table),
+        "",
+        "At 32 instances, `smetric-l3move` over the better of the two LMetrics per seed, by "
+        "global tier: "
+        + _lmetric_leads("smetric-l3move", L3MOVE_RATIOS)
+        + "; `smetric-delay`: "
+        + _lmetric_leads("smetric-delay", L3MOVE_RATIOS)
+        + ".",
+    ]
+    write("l3move", "smetric-l3move: a follow-up the global tier holds goes where its delay is "
+          "least (simulator, modelled)", body, rows)  # fmt: skip
 
 
 def working_set(seed: int) -> float:
@@ -2072,6 +2161,7 @@ FIGS: dict[str, Figure] = {
     "first_turn_cost": Figure(first_turn_cost, first_turn_cost_specs),
     "headroom": Figure(headroom, headroom_specs),
     "delay": Figure(delay, delay_specs),
+    "l3move": Figure(l3move, l3move_specs),
 }
 
 

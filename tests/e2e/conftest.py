@@ -6,7 +6,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
+from smetric_router.launch import ClusterSpec, MooncakeSpec, RouterSpec, Stack, WorkerSpec
+from smetric_router.launch.ports import free_ports
+from tests.mooncake_keys import require_mooncake
 
 # Fast emulated time keeps the tests quick; fast load polling lets the overload test see a flood.
 SPEEDUP = 20.0
@@ -33,3 +35,18 @@ def make_stack() -> Iterator[StackFactory]:
     yield make
     for s in stacks:
         s.stop()
+
+
+def mooncake_stack(router: RouterSpec) -> Iterator[Stack]:
+    """Two emulated workers writing through to a real Mooncake store (its master on free
+    ports), behind `router`: the body of a module's stack fixture."""
+    require_mooncake()
+    rpc, http, metrics = free_ports(3)
+    spec = ClusterSpec(
+        router=router,
+        workers=WorkerSpec(count=2, speedup=SPEEDUP, page_size=16),
+        mooncake=MooncakeSpec(rpc_port=rpc, http_metadata_port=http, metrics_port=metrics,
+                              global_segment_size=str(64 << 20)),
+    )  # fmt: skip
+    with Stack(spec) as s:
+        yield s

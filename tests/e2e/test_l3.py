@@ -18,13 +18,11 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from smetric_router.features.chat_tokenizer import load_chat_tokenizer
 from smetric_router.features.extract import FeatureExtractor
-from smetric_router.launch import ClusterSpec, MooncakeSpec, RouterSpec, Stack, WorkerSpec
-from smetric_router.launch.ports import free_ports
+from smetric_router.launch import RouterSpec, Stack, WorkerSpec
 from smetric_router.launch.stack import MASTER
-from tests.e2e.conftest import SPEEDUP
+from tests.e2e.conftest import mooncake_stack
 from tests.helpers.polling import eventually_sync
 from tests.helpers.prometheus import metric, scrape, value
-from tests.mooncake_keys import require_mooncake
 
 PAGE = 16
 MODEL = WorkerSpec().model_name
@@ -32,17 +30,8 @@ MODEL = WorkerSpec().model_name
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    require_mooncake()
-    rpc, http, metrics = free_ports(3)
     args = ("--log-level", "warning", "--l3-budget-secs", "2", "--l3-cache-ttl-secs", "0")
-    spec = ClusterSpec(
-        router=RouterSpec(port=0, extra_args=args),
-        workers=WorkerSpec(count=2, speedup=SPEEDUP, page_size=PAGE),
-        mooncake=MooncakeSpec(rpc_port=rpc, http_metadata_port=http, metrics_port=metrics,
-                              global_segment_size=str(64 << 20)),
-    )  # fmt: skip
-    with Stack(spec) as s:
-        yield s
+    yield from mooncake_stack(RouterSpec(port=0, extra_args=args))
 
 
 def chat(stack: Stack, messages: list[ChatCompletionMessageParam]) -> dict[str, str]:

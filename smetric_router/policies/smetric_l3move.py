@@ -1,0 +1,75 @@
+"""smetric-l3move: `smetric-delay`, except that a follow-up whose history the global tier holds
+goes where its delay is least, as a first turn does.
+
+`smetric` keeps a follow-up on the worker holding its history unless staying costs more than
+MOVE_COST_RATIO x the cheapest move: moving it means prefilling that history again elsewhere. With
+a global tier (Mooncake, HiCache's L3) that holds the history, a move fetches it instead, so the
+factor that protects a history no other worker could get back protects only a fetch, and the
+follow-up waits in its holder's queue for it. Here such a follow-up (the global tier holds more than
+HIT_RATIO x its history, the eviction guard's threshold) goes to the worker with the least
+
+    unprefilled + (prompt - local hit) x (load + 1)
+
+(`smetric-delay`'s cost: the prefill queued there plus the delay its own prefill puts on what runs
+there; a local hit still counts, since a fetch stalls the batch it is loaded in), ties to the
+higher local hit, then the fewest in flight, then the session's home or round-robin. Its holder
+usually wins that comparison: its local hit makes its cost lowest unless its queue outweighs it.
+Every other request, and every request without a global tier or with the tier's state unknown
+(l3_hit None), is `smetric-delay`'s decision, so without a tier the two are the same policy.
+
+Measured (modelled; benchmarks/results/l3move.md): in the simulator at 32 instances against the
+better of the two LMetrics per seed 1.039 [1.030-1.056]x with a full global tier and 1.128
+[1.106-1.140]x with 1.6x (`smetric-delay` 1.014x and 1.086x, `smetric` 0.989x), the same as
+`smetric-delay` without one (1.075x); 1.010x and 1.008x `smetric-delay` at 8 instances and on the
+Mooncake conversation trace with a full tier. Under PD (a scratch run with the same decisions)
+0.994x / 0.992x `smetric` with a full / 1.6x tier, as `smetric-delay` there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smetric_router.core.types import ClusterView, Decision, RequestFeatures
+from smetric_router.policies.base import PolicyParams, healthy_or_raise, lowest, register
+from smetric_router.policies.session_home import home
+from smetric_router.policies.smetric import SMetric
+from smetric_router.policies.smetric_delay import delay_cost
+from smetric_router.policies.turn import resolve_turn
+
+# x-smetric-reason of a follow-up that the global tier's copy of its history let move
+L3_MOVE = "l3-move"
+
+
+@dataclass(frozen=True, slots=True)
+class SMetricL3Move:
+    params: PolicyParams
+    delay: SMetric  # smetric-delay: every decision but a follow-up the global tier holds
+    name: str = "smetric-l3move"
+    uses_text_tree: bool = False
+    uses_l3: bool = True
+
+    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
+        workers = healthy_or_raise(view)
+        if features.est_hit <= 0 or not self._fetchable(features, view):
+            return self.delay.decide(features, view)
+        if resolve_turn(features, [w for w in view.workers if w.healthy]) == 0:
+            return self.delay.decide(features, view)
+        least = lowest(workers, [delay_cost(w, features) for w in workers])
+        least = lowest(least, [-w.hit for w in least])
+        least = lowest(least, [w.load for w in least])
+        hint = features.session_hint
+        chosen = home(hint, least) if hint is not None else least[view.tick % len(least)]
+        holder = max(w.hit for w in workers)
+        return Decision(chosen.url, "sticky" if chosen.hit == holder else L3_MOVE)
+
+    def _fetchable(self, features: RequestFeatures, view: ClusterView) -> bool:
+        """Whether the global tier holds more than HIT_RATIO x the history; an unknown tier
+        state (None) is never read as holding it."""
+        held = [w.l3_hit for w in view.workers if w.l3_hit is not None]
+        return bool(held) and max(held) > self.params.hit_ratio * features.est_hit
+
+
+@register("smetric-l3move")
+def _make(params: PolicyParams) -> SMetricL3Move:
+    name = "smetric-l3move"
+    delay = SMetric(params, name=name, cost=delay_cost, first_key=delay_cost)
+    return SMetricL3Move(params, delay, name)
