@@ -21,7 +21,7 @@ Measured (modelled; benchmarks/results/l3move.md): in the simulator at 32 instan
 better of the two LMetrics per seed 1.039 [1.030-1.056]x with a full global tier and 1.128
 [1.106-1.140]x with 1.6x (`smetric-delay` 1.014x and 1.086x, `smetric` 0.989x), the same as
 `smetric-delay` without one (1.075x); 1.010x and 1.008x `smetric-delay` at 8 instances and on the
-Mooncake conversation trace with a full tier. Under PD (a scratch run with the same decisions)
+Mooncake conversation trace with a full tier. Under PD (benchmarks/results/pd-l3move.md)
 0.994x / 0.992x `smetric` with a full / 1.6x tier, as `smetric-delay` there."""
 
 from __future__ import annotations
