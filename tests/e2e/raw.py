@@ -35,12 +35,35 @@ async def generate(
         return r.headers.get("x-smetric-worker", ""), r.headers.get("x-smetric-reason", "")
 
 
+async def prefix_match(
+    http: aiohttp.ClientSession, router: str, ids: list[int], model: str | None = None
+) -> dict[str, Any]:
+    """The router's POST /smetric/prefix_match answer for `ids` (per worker in "results", the
+    global tier in "l3")."""
+    body: dict[str, Any] = (
+        {"input_ids": ids} if model is None else {"input_ids": ids, "model": model}
+    )
+    async with http.post(f"{router}/smetric/prefix_match", json=body) as r:
+        assert r.status == 200, await r.text()
+        answer: dict[str, Any] = await r.json()
+    return answer
+
+
 async def router_hits(http: aiohttp.ClientSession, router: str, ids: list[int]) -> dict[str, int]:
     """Per worker, the GPU-tier prefix of `ids` the router's KV-event index says it holds."""
-    async with http.post(f"{router}/smetric/prefix_match", json={"input_ids": ids}) as r:
-        assert r.status == 200, await r.text()
-        result: dict[str, Any] = (await r.json())["results"][0]
+    result: dict[str, Any] = (await prefix_match(http, router, ids))["results"][0]
     return {url: int(tiers["device"]) for url, tiers in result.items()}
+
+
+async def router_l3(http: aiohttp.ClientSession, router: str, ids: list[int], model: str) -> int:
+    """Leading tokens of `ids` the router's L3 view finds in the global tier."""
+    return int((await prefix_match(http, router, ids, model))["l3"][0])
+
+
+async def fault(http: aiohttp.ClientSession, worker: str, **faults: object) -> None:
+    """Arm (or clear) an emulated worker's faults (its POST /emulator/faults)."""
+    async with http.post(f"{worker}/emulator/faults", json=faults) as r:
+        assert r.status == 200, await r.text()
 
 
 async def listed_workers(http: aiohttp.ClientSession, router: str) -> dict[str, dict[str, Any]]:
@@ -65,8 +88,7 @@ async def stream_cut_by_its_worker(router: str, worker: str, path: str, body: An
     """Stream `body` to `path` through the router while `worker` (the only one) dies after its
     first event; the SSE frames the client got."""
     async with aiohttp.ClientSession() as http:
-        async with http.post(worker + "/emulator/faults", json={"die_mid_stream_next": 1}) as r:
-            assert r.status == 200
+        await fault(http, worker, die_mid_stream_next=1)
         async with http.post(router + path, json=body) as r:
             assert r.status == 200
             text = (await r.read()).decode()

@@ -19,6 +19,7 @@ import pytest
 
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS, SPEEDUP, StackFactory
+from tests.e2e.raw import fault
 from tests.helpers.polling import eventually
 
 SOFT, HARD = 128, 256
@@ -138,8 +139,7 @@ def _stack(*router_args: str) -> Stack:
 
 async def _faults(s: aiohttp.ClientSession, worker: str, **armed: object) -> dict[str, object]:
     if armed:
-        async with s.post(worker + "/emulator/faults", json=armed) as r:
-            assert r.status == 200
+        await fault(s, worker, **armed)
     async with s.get(worker + "/emulator/faults") as r:
         state: dict[str, object] = await r.json()
     return state

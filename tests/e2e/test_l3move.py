@@ -12,7 +12,7 @@ import pytest
 
 from smetric_router.launch import RouterSpec, Stack, WorkerSpec
 from tests.e2e.conftest import ROUTER_ARGS, mooncake_stack
-from tests.e2e.raw import generate, listed_workers, token_ids, wait_indexed
+from tests.e2e.raw import fault, generate, listed_workers, router_l3, token_ids, wait_indexed
 from tests.helpers.polling import eventually
 
 MODEL = WorkerSpec().model_name
@@ -23,19 +23,6 @@ STALLED_S = 30.0  # a request answered by an idle emulated worker takes well und
 def stack() -> Iterator[Stack]:
     args = (*ROUTER_ARGS, "--l3-cache-ttl-secs", "0")
     yield from mooncake_stack(RouterSpec(port=0, policy="smetric-l3move", extra_args=args))
-
-
-async def router_l3(http: aiohttp.ClientSession, router: str, ids: list[int]) -> int:
-    """Leading tokens of `ids` the router's L3 view finds in the global tier."""
-    body = {"input_ids": ids, "model": MODEL}
-    async with http.post(f"{router}/smetric/prefix_match", json=body) as r:
-        assert r.status == 200, await r.text()
-        return int((await r.json())["l3"][0])
-
-
-async def fault(http: aiohttp.ClientSession, worker: str, **faults: object) -> None:
-    async with http.post(f"{worker}/emulator/faults", json=faults) as r:
-        assert r.status == 200, await r.text()
 
 
 async def test_a_follow_up_the_store_holds_moves_off_its_busy_holder(stack: Stack) -> None:
@@ -49,7 +36,7 @@ async def test_a_follow_up_the_store_holds_moves_off_its_busy_holder(stack: Stac
         await wait_indexed(http, url, holder, history)
 
         async def stored() -> bool:  # the holder wrote the history through to the store
-            return await router_l3(http, url, history) == len(history)
+            return await router_l3(http, url, history, MODEL) == len(history)
 
         await eventually(stored, "the history in the router's L3 view")
 

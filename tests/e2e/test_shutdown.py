@@ -22,6 +22,7 @@ import pytest
 from smetric_router.launch import ClusterSpec, RouterSpec, Stack, WorkerSpec
 from smetric_router.router.drain import SHUTDOWN_CODE
 from tests.e2e.conftest import ROUTER_ARGS
+from tests.e2e.raw import fault
 from tests.helpers.polling import eventually
 from tests.launch.test_launcher_process import _alive
 
@@ -127,8 +128,7 @@ async def test_sigterm_drains_open_streams_then_ends_the_rest(stack: Stack) -> N
         short = Stream(http, url, SHORT_TOKENS)
         await asyncio.wait_for(asyncio.gather(long.first.wait(), short.first.wait()), 30)
         # a non-streaming request the worker holds without an answer
-        async with http.post(f"{worker}/emulator/faults", json={"stall": True}) as r:
-            assert r.status == 200
+        await fault(http, worker, stall=True)
         held = asyncio.create_task(http.post(f"{url}/v1/chat/completions", json=_chat(8, False)))
         await eventually(lambda: _three(http, url), "3 requests in flight")
         assert short.open  # still streaming when the signal comes
