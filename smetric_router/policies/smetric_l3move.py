@@ -51,6 +51,7 @@ class SMetricL3Move:
         workers = healthy_or_raise(view)
         if features.est_hit <= 0 or not self._fetchable(features, view):
             return self.delay.decide(features, view)
+        # as in SMetric: a holder whose circuit is open still tells a follow-up from a first turn
         if resolve_turn(features, [w for w in view.workers if w.healthy]) == 0:
             return self.delay.decide(features, view)
         least = lowest(workers, [delay_cost(w, features) for w in workers])
