@@ -177,12 +177,13 @@ class Run:
     router_cpu_s: float | None = None  # the router's process tree while bench_serving ran
     decide_ms: float | None = None  # smetric-router: mean arrival-to-decision time over the run
     decide_stages_ms: dict[str, float] = field(default_factory=dict)  # decide_ms by stage
+    l3_lookups: dict[str, float] = field(default_factory=dict)  # global-tier lookups by outcome
 
     def __post_init__(self) -> None:
         d = ROUTERS.get(self.router)
         if d is not None and not d.one_process:
             # the scrapes around the run may have reached different processes
-            self.decide_ms, self.decide_stages_ms = None, {}
+            self.decide_ms, self.decide_stages_ms, self.l3_lookups = None, {}, {}
 
     @property
     def router_cpu_ms(self) -> float | None:
@@ -211,7 +212,8 @@ class Run:
                 "command": self.command, "turns": list(self.turns),
                 "tool_calls": self.tool_calls, "draw": self.draw,
                 "router_cpu_s": self.router_cpu_s, "decide_ms": self.decide_ms,
-                "decide_stages_ms": self.decide_stages_ms}  # fmt: skip
+                "decide_stages_ms": self.decide_stages_ms,
+                "l3_lookups": self.l3_lookups}  # fmt: skip
 
     def _conversations(self, lens: list[int]) -> list[range] | None:
         """Each conversation's rounds as indices into bench_serving's per-request lists (its
@@ -460,6 +462,22 @@ def decisions(router_url: str) -> dict[str, float]:
     return out
 
 
+L3_LOOKUPS = "smetric_l3_lookups_total"
+
+
+def l3_lookups(router_url: str) -> dict[str, float]:
+    """smetric-router's global-tier lookups so far by outcome (hit, miss, unknown, timeout: over
+    --l3-budget-secs, decided as unknown); empty for a peer or a router without --l3-view."""
+    status, text = _get(f"{router_url}/metrics")
+    out: dict[str, float] = {}
+    if status != 200:
+        return out
+    for s in readable_samples(text.decode()):
+        if s.name == L3_LOOKUPS and "outcome" in s.labels:
+            out[s.labels["outcome"]] = out.get(s.labels["outcome"], 0.0) + s.value
+    return out
+
+
 def split_decisions(
     before: dict[str, float], after: dict[str, float]
 ) -> tuple[dict[str, float], float | None, dict[str, float]]:
@@ -615,7 +633,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                                      router_log) as (url, proc):  # fmt: skip
                 flush(workers, l3)
                 p0, c0 = token_counters(workers)
-                d0 = decisions(url)
+                d0, k0 = decisions(url), l3_lookups(url)
                 out = work / f"{slug}.jsonl"
                 out.unlink(missing_ok=True)
                 cmd = bench_argv(sglang_py, url, model, load, setup, rate, out, tok, draw)
@@ -628,7 +646,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 if rc != 0 or not out.exists():
                     raise RuntimeError(f"bench_serving failed ({rc}); see {work}/{slug}.bench.log")
                 p1, c1 = token_counters(workers)
-                d1 = decisions(url)
+                d1, k1 = decisions(url), l3_lookups(url)
                 calls = {}
                 if setup.agent and rate == setup.rates[0] and draw == 1:
                     flush(workers, l3)
@@ -649,6 +667,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 cpu1 - cpu0,
                 decide_ms,
                 stages,
+                {k: v - k0.get(k, 0.0) for k, v in k1.items() if v > k0.get(k, 0.0)},
             )
             runs.append(run)
             (work / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
@@ -658,7 +677,8 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 f"{result['p90_ttft_ms']:.0f} ms, cached {_pct(run.cached_share)}, history hit "
                 f"{_pct(run.history_hit)}, sticky {_pct(run.stickiness)}, "
                 f"router CPU {_ms(run.router_cpu_ms)} ms/req, decision "
-                f"{_ms(run.decide_ms)} ms{_stages(run.decide_stages_ms)}")  # fmt: skip
+                f"{_ms(run.decide_ms)} ms{_stages(run.decide_stages_ms)}"
+                f"{_lookups(run.l3_lookups)}")  # fmt: skip
     finally:
         stack.stop()
     return runs
@@ -667,6 +687,11 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
 def _stages(ms: dict[str, float]) -> str:
     parts = ", ".join(f"{k} {v:.1f}" for k, v in ms.items())
     return f" ({parts})" if parts else ""
+
+
+def _lookups(counts: dict[str, float]) -> str:
+    parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items()))
+    return f", L3 lookups: {parts}" if parts else ""
 
 
 def tool_call_check(url: str, model: str, tokenizer: str, sessions: int) -> dict[str, Any]:
@@ -704,7 +729,7 @@ def stored_run(work: Path, name: str, rate: float, draw: int) -> Run | None:
                side["decisions"], side["command"], tuple(side["turns"]),
                side.get("tool_calls") or {}, side.get("draw", 1),
                side.get("router_cpu_s"), side.get("decide_ms"),
-               side.get("decide_stages_ms") or {})  # fmt: skip
+               side.get("decide_stages_ms") or {}, side.get("l3_lookups") or {})  # fmt: skip
 
 
 def load_runs(setup: Setup, work: Path) -> list[Run]:
@@ -991,6 +1016,18 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         lines.append(f"| {name} | {max_rate_in_slo(runs, name)} | "
                      f"{_spread(_values(runs, name, k, 'request_goodput'))} | "
                      f"{_spread(_values(runs, name, k, 'p90_ttft_ms'), '.0f')} |")  # fmt: skip
+    looked = [r for r in runs if r.l3_lookups]
+    if looked:
+        lines += ["", "smetric-router's decisions per run: mean arrival-to-decision time by stage "
+                  "(`l3`: waiting for the global tier's answer where the decision turns on it) "
+                  "and the global tier's lookups by outcome (timeout: over --l3-budget-secs, "
+                  "decided as unknown).", "",
+                  "| router | rate (conv/s) | draw | decision (ms) by stage | L3 lookups |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for r in sorted(looked, key=lambda r: (setup.routers.index(r.router), r.rate, r.draw)):
+            lines.append(f"| {r.router} | {r.rate:g} | {r.draw} | {_ms(r.decide_ms)}"
+                         f"{_stages(r.decide_stages_ms)} | "
+                         f"{_lookups(r.l3_lookups).removeprefix(', L3 lookups: ')} |")  # fmt: skip
     if setup.draws > 1:
         lines += draws_lines(runs, setup)
     checked = [r for r in runs if r.tool_calls]

@@ -98,7 +98,8 @@ def test_draws_below_one_are_refused() -> None:
 def test_a_stored_run_reads_back_and_a_missing_one_is_said(tmp_path: Path) -> None:
     run = Run("smetric/lmetric", 1.5, result(7.0, 900) | {"completed": 40}, 100, 60,
               {"sticky": 3.0}, "cmd", (2, 3), draw=2, router_cpu_s=2.0,
-              decide_ms=1.5, decide_stages_ms={"features": 1.2, "decide": 0.3})  # fmt: skip
+              decide_ms=1.5, decide_stages_ms={"features": 1.2, "decide": 0.3},
+              l3_lookups={"hit": 30.0, "timeout": 2.0})  # fmt: skip
     assert run.router_cpu_ms == 50.0
     slug = slug_of(run.router, run.rate, run.draw)
     (tmp_path / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
@@ -107,9 +108,10 @@ def test_a_stored_run_reads_back_and_a_missing_one_is_said(tmp_path: Path) -> No
     assert stored_run(tmp_path, run.router, 1.5, 2) == run
     # a sidecar from before router CPU was recorded reads back without it
     side = run.sidecar()
-    del side["router_cpu_s"], side["decide_ms"], side["decide_stages_ms"]
+    del side["router_cpu_s"], side["decide_ms"], side["decide_stages_ms"], side["l3_lookups"]
     (tmp_path / f"{slug}.run.json").write_text(json.dumps(side))
-    unrecorded = replace(run, router_cpu_s=None, decide_ms=None, decide_stages_ms={})
+    unrecorded = replace(run, router_cpu_s=None, decide_ms=None, decide_stages_ms={},
+                         l3_lookups={})  # fmt: skip
     assert stored_run(tmp_path, run.router, 1.5, 2) == unrecorded
     assert stored_run(tmp_path, run.router, 1.5, 1) is None
     with pytest.raises(SystemExit, match=r"no run of smetric at 1\.5 \(draw 1\)"):
@@ -134,6 +136,7 @@ def test_a_runs_decisions_and_mean_decision_time_come_from_two_scrapes() -> None
 def test_a_router_of_several_processes_has_no_mean_decision_time() -> None:
     # its /metrics scrapes before and after a run may reach different processes
     several = Run("smetric-x4", 1.0, result(8.0, 400), decide_ms=12.0,
-                  decide_stages_ms={"features": 11.0})  # fmt: skip
+                  decide_stages_ms={"features": 11.0}, l3_lookups={"hit": 3.0})  # fmt: skip
     assert several.decide_ms is None and several.decide_stages_ms == {}
+    assert several.l3_lookups == {}
     assert Run("smetric", 1.0, result(8.0, 400), decide_ms=12.0).decide_ms == 12.0
