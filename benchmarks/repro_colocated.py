@@ -2091,7 +2091,9 @@ def moves(move_cost: float = 2.0) -> None:
     class Recorder:
         name: str = "smetric"
         uses_text_tree: bool = False
-        uses_l3: bool = False
+
+        def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+            return False
 
         def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
             d = inner.decide(features, view)

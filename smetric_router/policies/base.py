@@ -130,11 +130,12 @@ class Policy(Protocol):
     @property
     def uses_text_tree(self) -> bool: ...
 
-    @property
-    def uses_l3(self) -> bool:
-        """Whether decide() reads WorkerView.l3_hit: the router asks the global tier before
-        deciding only for such a policy (for the others the lookup runs beside the request, for
-        its headers and metrics)."""
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        """Whether decide() on this view (its l3_hit None: the tier's answer not in yet) can
+        come out differently once the global tier's hit is known. The router asks the master
+        beside every request and waits for the answer before deciding only where this says so;
+        elsewhere it decides on this very view, so the decision is the one the answer would have
+        given."""
         ...
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision: ...

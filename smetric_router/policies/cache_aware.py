@@ -23,7 +23,9 @@ class CacheAware:
     params: PolicyParams
     name: str = "cache_aware"
     uses_text_tree: bool = True
-    uses_l3: bool = False
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        return False  # never reads WorkerView.l3_hit
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)

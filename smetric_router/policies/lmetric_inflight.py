@@ -34,7 +34,9 @@ class LMetricInflight:
     params: PolicyParams
     name: str = "lmetric-inflight"
     uses_text_tree: bool = False
-    uses_l3: bool = False
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        return False  # never reads WorkerView.l3_hit
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         chosen = least_recompute(healthy_or_raise(view), features, view.tick)

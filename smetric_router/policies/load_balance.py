@@ -19,7 +19,9 @@ class LoadBalance:
     params: PolicyParams
     name: str = "load_balance"
     uses_text_tree: bool = False
-    uses_l3: bool = False
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        return False  # never reads WorkerView.l3_hit
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         return Decision(least_load(healthy_or_raise(view), view.tick).url, self.name)

@@ -13,7 +13,9 @@ class RoundRobin:
     params: PolicyParams
     name: str = "round_robin"
     uses_text_tree: bool = False
-    uses_l3: bool = False
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        return False  # never reads WorkerView.l3_hit
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)
@@ -25,7 +27,9 @@ class Random:
     params: PolicyParams
     name: str = "random"
     uses_text_tree: bool = False
-    uses_l3: bool = False
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        return False  # never reads WorkerView.l3_hit
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)
@@ -37,7 +41,9 @@ class PowerOfTwo:
     params: PolicyParams
     name: str = "power_of_two"
     uses_text_tree: bool = False
-    uses_l3: bool = False
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        return False  # never reads WorkerView.l3_hit
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)

@@ -55,8 +55,7 @@ class SMetric:
     # loaded's (smetric_ftband.py): the least loaded is always among them
     first_band: bool = False
 
-    @property
-    def uses_l3(self) -> bool:
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
         return self.params.l3_aware or self.cost_reads_l3
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:

@@ -15,7 +15,8 @@ there; a local hit still counts, since a fetch stalls the batch it is loaded in)
 higher local hit, then the fewest in flight, then the session's home or round-robin. Its holder
 usually wins that comparison: its local hit makes its cost lowest unless its queue outweighs it.
 Every other request, and every request without a global tier or with the tier's state unknown
-(l3_hit None), is `smetric-delay`'s decision, so without a tier the two are the same policy.
+(l3_hit None), is `smetric-delay`'s decision, so without a tier the two are the same policy. The
+router waits for the master's answer only where it could change the decision (needs_l3()).
 
 Measured (modelled; benchmarks/results/l3move.md): in the simulator at 32 instances against the
 better of the two LMetrics per seed 1.039 [1.030-1.056]x with a full global tier and 1.128
@@ -45,15 +46,31 @@ class SMetricL3Move:
     delay: SMetric  # smetric-delay: every decision but a follow-up the global tier holds
     name: str = "smetric-l3move"
     uses_text_tree: bool = False
-    uses_l3: bool = True
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        """Only a follow-up whose move, were the tier to hold its history, would go elsewhere
+        than `smetric-delay` sends it: most follow-ups stay with their holder either way, and
+        for them the router does not wait for the master."""
+        if self.delay.needs_l3(features, view):
+            return True
+        if not self._follow_up(features, view):
+            return False
+        return self._move(features, view) != self.delay.decide(features, view)
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
-        workers = healthy_or_raise(view)
-        if features.est_hit <= 0 or not self._fetchable(features, view):
-            return self.delay.decide(features, view)
+        if self._follow_up(features, view) and self._fetchable(features, view):
+            return self._move(features, view)
+        return self.delay.decide(features, view)
+
+    def _follow_up(self, features: RequestFeatures, view: ClusterView) -> bool:
+        if features.est_hit <= 0:
+            return False
         # as in SMetric: a holder whose circuit is open still tells a follow-up from a first turn
-        if resolve_turn(features, [w for w in view.workers if w.healthy]) == 0:
-            return self.delay.decide(features, view)
+        return resolve_turn(features, [w for w in view.workers if w.healthy]) > 0
+
+    def _move(self, features: RequestFeatures, view: ClusterView) -> Decision:
+        """Where the follow-up goes when the global tier holds its history."""
+        workers = healthy_or_raise(view)
         least = lowest(workers, [delay_cost(w, features) for w in workers])
         least = lowest(least, [-w.hit for w in least])
         least = lowest(least, [w.load for w in least])

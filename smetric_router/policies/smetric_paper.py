@@ -23,7 +23,9 @@ class SMetricPaper:
     params: PolicyParams
     name: str = "smetric-paper"
     uses_text_tree: bool = False
-    uses_l3: bool = False
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        return False  # never reads WorkerView.l3_hit
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         workers = healthy_or_raise(view)

@@ -556,16 +556,17 @@ async def _generate(
         probed = await router.probe(seen, model)  # None unless --cache-view probe
         if probed is not None:
             clock.done("cache_view")
-        # 0 unless --l3-view; asked beside the request when the policy does not read it
+        # 0 unless --l3-view; asked beside the request, waited for only where the decision
+        # turns on it (_decide)
         later = router.l3_later(features, model) if state.pd is None else None
         l3 = None if later is not None else await router.l3_lookup(features, model)
-        if router.l3 is not None and later is None:
+        if router.l3 is not None and state.pd is not None:
             clock.done("l3")
         if strip_hint(body) or edited:
             raw = orjson.dumps(body)
     except FeatureError as e:
         raise bad_request(str(e)) from None
-    decided = _decide(state, router, features, model, probed, l3, later)
+    decided = await _decide(state, router, features, model, probed, l3, later, clock)
     clock.done("decide")
     state.metrics.decide_seconds.observe(time.perf_counter() - started)
     label = endpoint.value
@@ -580,7 +581,7 @@ async def _generate(
         ticket = await _admit(state, request, bound, follow_up, features.prompt_len, priority)
     try:
         if ticket is not None and ticket.waited_s > 0:
-            decided = _decide(state, router, features, model, probed, l3, later)
+            decided = await _decide(state, router, features, model, probed, l3, later)
         if isinstance(decided, Pair):
             assert state.pd is not None  # a pair is decided only under PD
             state.metrics.routed(label, decided.prefill.decision.reason)
@@ -595,7 +596,7 @@ async def _generate(
             ticket.release()
 
 
-def _decide(
+async def _decide(
     state: RouterState,
     router: Router,
     features: RequestFeatures,
@@ -603,9 +604,12 @@ def _decide(
     probed: Mapping[str, tuple[int, int]] | None,
     l3: int | None,
     later: asyncio.Future[int | None] | None = None,
+    clock: _Stages | None = None,
 ) -> Pair | Routed:
     """The policy's placement (a prefill/decode pair under PD), in its trace span; no healthy
-    worker is a 503. Called again for a request that waited for admission."""
+    worker is a 503. With `later` (the global tier still being asked), it waits for the answer
+    only where the policy's decision turns on it; the wait is the clock's l3 stage. Called again
+    for a request that waited for admission."""
     try:
         with tracing.span("route") as span:
             if state.pd is not None:
@@ -613,7 +617,14 @@ def _decide(
                 if tracing.enabled:
                     span.set_many(pd_decision_attributes(pair, state.pd))
                 return pair
-            routed = router.route(features, model, probed, l3, later)
+            routed = None if later is None else router.route_beside(features, model, probed, later)
+            if routed is None:
+                if later is not None:
+                    l3 = await asyncio.shield(later)  # a request cancelled meanwhile leaves it
+                    later = None
+                    if clock is not None:
+                        clock.done("l3")
+                routed = router.route(features, model, probed, l3)
             if tracing.enabled:
                 span.set_many(decision_attributes(routed, router.policy.name))
             return routed

@@ -412,9 +412,9 @@ class RouterConfig:
         0.025,
         Flag(
             "--l3-budget-secs",
-            "longest a lookup waits for the master (before the decision for a policy that "
-            "reads the figure, beside the request for the others); a slower answer counts as "
-            "'unknown' (never as a miss)",
+            "longest a lookup waits for the master (asked beside every request, waited for "
+            "before the decision only where the policy's decision turns on it); a slower "
+            "answer counts as 'unknown' (never as a miss)",
             group=L3,
         ),
     )

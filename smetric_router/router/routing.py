@@ -295,12 +295,12 @@ class Router:
     def l3_later(
         self, features: RequestFeatures, model: str | None
     ) -> asyncio.Future[int | None] | None:
-        """The global tier's hit asked beside the request rather than before its decision, for
-        a policy that does not read it (Policy.uses_l3): the answer is wanted only for the
-        response's headers and the metrics (settle()), and waiting for the master held every
-        decision up (46-65 ms on a loaded 2-core machine, benchmarks/results/README.md). None
-        where the decision needs it, or there is nothing to ask."""
-        if self.l3 is None or self.policy.uses_l3 or not features.page_hashes:
+        """The global tier's hit asked beside the request rather than before its decision:
+        waiting for the master held every decision up (46-65 ms on a loaded 2-core machine,
+        benchmarks/results/README.md), and most decisions do not turn on its answer
+        (route_beside()); it is wanted for the response's headers and the metrics (settle()).
+        None where there is nothing to ask."""
+        if self.l3 is None or not features.page_hashes:
             return None
         lookup = asyncio.ensure_future(self.l3_lookup(features, model))
         lookup.add_done_callback(_retrieve)  # a request that ends first never reads it
@@ -341,8 +341,33 @@ class Router:
         l3: int | None = 0,
         later: asyncio.Future[int | None] | None = None,
     ) -> Routed:
-        """later: l3_later()'s lookup, in place of l3."""
+        """later: l3_later()'s lookup, in place of l3, for a policy whose decision does not
+        turn on its answer (see route_beside())."""
         view = self.snapshot(features, model, probed, None if later is not None else l3)
+        return self._route_on(features, view, later)
+
+    def route_beside(
+        self,
+        features: RequestFeatures,
+        model: str | None,
+        probed: Mapping[str, tuple[int, int]] | None,
+        later: asyncio.Future[int | None],
+    ) -> Routed | None:
+        """route() while l3_later()'s lookup is still out: the decision on the cluster as it is
+        now, or None where the policy says its decision there could turn on the answer
+        (Policy.needs_l3); then the caller waits for it and calls route() with it. Decided on the
+        same view the policy was asked about, so it is the decision the answer would have given."""
+        view = self.snapshot(features, model, probed, None)
+        if self.policy.needs_l3(features, view):
+            return None
+        return self._route_on(features, view, later)
+
+    def _route_on(
+        self,
+        features: RequestFeatures,
+        view: ClusterView,
+        later: asyncio.Future[int | None] | None,
+    ) -> Routed:
         decision = self.decide(features, view, counted=later is None)
         if self.text_tree is not None and features.text:
             self.text_tree.insert(features.text, decision.worker)

@@ -1,6 +1,7 @@
-"""The global tier's hit is asked beside the request when the policy does not read it: the
-worker has the request while the lookup is still out, and the response's x-smetric-hit carries
-its answer. A policy that reads it (--l3-aware-guard) decides only once it is in."""
+"""The global tier's hit is asked beside the request: where the policy's decision does not turn
+on it the worker has the request while the lookup is still out, and the response's x-smetric-hit
+carries its answer. A policy whose decision turns on it (--l3-aware-guard) decides only once it
+is in."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 
 from smetric_router.cluster.kv_index import L3_MEDIUM, KvIndex
 from smetric_router.cluster.l3_view import EventsL3
@@ -65,10 +67,12 @@ async def post(url: str) -> tuple[dict[str, str], str]:
             return dict(r.headers), await m.text()
 
 
+# smetric-l3move reads the tier, but a first turn's placement never turns on it
+@pytest.mark.parametrize("policy", ["smetric", "smetric-l3move"])
 async def test_the_worker_has_the_request_while_the_tier_is_still_asked(
-    make_worker: MakeWorker, make_router: MakeRouter, codec: Any
+    make_worker: MakeWorker, make_router: MakeRouter, codec: Any, policy: str
 ) -> None:
-    worker, l3, url = await start(make_worker, make_router, codec)
+    worker, l3, url = await start(make_worker, make_router, codec, policy=policy)
     answered = asyncio.create_task(post(url))
     await eventually(lambda: len(worker.bodies) == 1, "the worker receiving the request")
     assert not answered.done()  # its headers wait for the tier's answer

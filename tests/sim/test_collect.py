@@ -30,11 +30,13 @@ class _Spy:
 
     name = "spy"
     uses_text_tree = False
-    uses_l3 = False
 
     def __init__(self) -> None:
         self.inner = make_policy("load_balance")
         self.seen: list[int] = []
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        return False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         self.seen.append(gc.get_threshold()[0])

@@ -63,12 +63,14 @@ class _BatchSpy:
 
     name = "batch-spy"
     uses_text_tree = False
-    uses_l3 = False
 
     def __init__(self) -> None:
         self.inner = make_policy("round_robin")
         self.cluster: Cluster | PdCluster | None = None
         self.seen: list[tuple[int | None, float, int]] = []
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        return False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         assert self.cluster is not None
@@ -229,7 +231,6 @@ class _UnprefilledSpy:
 
     name = "unprefilled-spy"
     uses_text_tree = False
-    uses_l3 = False
 
     def __init__(self) -> None:
         self.inner = make_policy("round_robin")
@@ -237,6 +238,9 @@ class _UnprefilledSpy:
         self.routed: list[tuple[str, int]] = []  # per decision: (worker, its new tokens there)
         self.hits = 0  # decisions whose chosen worker held part of the prompt
         self.nonzero = 0
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        return False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         assert self.cluster is not None

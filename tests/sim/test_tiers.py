@@ -346,11 +346,13 @@ class _Recorder:
 
     name = "recorder"
     uses_text_tree = False
-    uses_l3 = False
 
     def __init__(self) -> None:
         self.inner = make_policy("round_robin")
         self.seen: list[tuple[int, int]] = []
+
+    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
+        return False
 
     def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
         self.seen += [(w.hit, w.gpu_hit) for w in view.workers]
