@@ -339,12 +339,10 @@ class Router:
         model: str | None,
         probed: Mapping[str, tuple[int, int]] | None = None,
         l3: int | None = 0,
-        later: asyncio.Future[int | None] | None = None,
     ) -> Routed:
-        """later: l3_later()'s lookup, in place of l3, for a policy whose decision does not
-        turn on its answer (see route_beside())."""
-        view = self.snapshot(features, model, probed, None if later is not None else l3)
-        return self._route_on(features, view, later)
+        """l3: the global tier's hit, known (l3_lookup()); see route_beside() for a decision
+        made while it is still being asked."""
+        return self._route_on(features, self.snapshot(features, model, probed, l3), None)
 
     def route_beside(
         self,
