@@ -122,6 +122,9 @@ ROUTERS: dict[str, RouterDef] = {
     # smetric-l3move given 100 ms for the master's answer instead of 25: it waits only for the
     # follow-ups the answer could move, and on a loaded machine half its lookups took longer
     "smetric-l3move-wait100": RouterDef("smetric", "smetric-l3move", ("--l3-budget-secs", "0.1")),
+    # smetric-l3move reading the tier from the workers' L3 KV events (what they announce writing
+    # to the store) instead of asking the master: no lookup to wait for or to time out
+    "smetric-l3move-events": RouterDef("smetric", "smetric-l3move", ("--l3-view", "events")),
     "smg/cache_aware": RouterDef("smg", "cache_aware"),
     "smg/cache_aware+sticky": RouterDef("smg", "cache_aware", ("--sticky-sessions",)),
     "smg/least_load": RouterDef("smg", "least_load"),
@@ -405,17 +408,22 @@ def flush(workers: list[str], l3: str | None = None) -> None:
         if status != 200:
             raise RuntimeError(f"{w}/flush_cache: {status} {body[:200]!r}")
     if l3 is not None and workers:
-        clear_l3(workers[0], l3)
+        clear_l3(workers, l3)
 
 
-def clear_l3(worker: str, master_metrics: str, timeout_s: float = 60) -> None:
-    """Clear through a worker until the master counts no key: remove_all keeps each object for
-    the master's lease after its last put or get (default_kv_lease_ttl, 5 s)."""
+def clear_l3(workers: list[str], master_metrics: str, timeout_s: float = 60) -> None:
+    """Clear through every worker until the master counts no key: remove_all keeps each object
+    for the master's lease after its last put or get (default_kv_lease_ttl, 5 s). One clear
+    empties the store, but each worker announces the removal of only the pages it announced
+    (its L3 KV events), and the next router replays those events from the start."""
     deadline = time.monotonic() + timeout_s
     while True:
-        status, body = _post(f"{worker}/hicache/storage-backend/clear", timeout=90)
-        if status != 200:
-            raise RuntimeError(f"{worker}/hicache/storage-backend/clear: {status} {body[:200]!r}")
+        for worker in workers:
+            status, body = _post(f"{worker}/hicache/storage-backend/clear", timeout=90)
+            if status != 200:
+                raise RuntimeError(
+                    f"{worker}/hicache/storage-backend/clear: {status} {body[:200]!r}"
+                )
         _, text = _get(f"{master_metrics}/metrics")
         keys = next((s.value for s in readable_samples(text.decode())
                      if s.name == "master_key_count"), None)  # fmt: skip

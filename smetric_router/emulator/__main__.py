@@ -70,6 +70,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error("--global-tier mooncake: a decode instance has no HiCache storage tier")
         if args.payload_bytes <= 0 or args.query_timeout_s <= 0:
             p.error("--mooncake-payload-bytes and --mooncake-query-timeout-secs must be positive")
+    if args.l3_kv_events and (args.global_tier != "mooncake" or args.role == "decode"):
+        p.error("--l3-kv-events needs --global-tier mooncake (the store whose pages it announces)")
+    if args.l3_kv_events and args.kv_events_port is None and args.kv_events_config is None:
+        p.error("--l3-kv-events needs KV events (--kv-events-port or --kv-events-config)")
     if args.speedup <= 0:
         p.error("--speedup must be positive")
     if args.transfer_gbps <= 0 or args.decode_kv_timeout_s <= 0:

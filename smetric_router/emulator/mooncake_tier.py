@@ -43,6 +43,7 @@ from typing import Any, Protocol, TypeVar
 from smetric_router.core.flags import Flag, option
 from smetric_router.core.mooncake_keys import key_prefix, page_keys
 from smetric_router.core.prefix import leading_run
+from smetric_router.emulator.l3_events import L3Announcer, Page
 from smetric_router.features.hashing import block_hash, page_digests
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,17 @@ class TierOptions:
         Flag(
             "--mooncake-connect-timeout-secs",
             "start-up fails when the master's RPC port does not answer within this",
+            group=FLAG_GROUP,
+        ),
+    )
+    l3_kv_events: bool = option(
+        False,
+        Flag(
+            "--l3-kv-events",
+            "publish KV events with medium EXTERNAL for the pages written to the store, and "
+            "their removal when this worker clears it, as SGLang with smetric's l3-events patch "
+            "does (stock SGLang 0.5.23 publishes none): what a router's --l3-view events reads. "
+            "Needs KV events and --global-tier mooncake",
             group=FLAG_GROUP,
         ),
     )
@@ -246,9 +258,12 @@ class MooncakeTier:
         self._payload = bytes(options.payload_bytes)
         # hash -> digest of pages of requests in flight, counted per request holding them
         self._digests: dict[int, bytes] = {}
+        self._parents: dict[int, int | None] = {}  # the page before, in the token chain
         self._refs: dict[int, int] = {}
         self._by_rid: dict[str, list[int]] = {}
         self._known: dict[int, None] = {}  # pages the store had when last asked, oldest first
+        # --l3-kv-events: set by the server once it has a publisher; used on the I/O thread
+        self.announcer: L3Announcer | None = None
         self._up = True
         self._state_lock = threading.Lock()
         self._stats_lock = threading.Lock()  # the stats are counted on several threads
@@ -318,23 +333,26 @@ class MooncakeTier:
         hashes = self._by_rid.pop(rid, None)
         if hashes is None:
             return
-        refs, digests = self._refs, self._digests
+        refs, digests, parents = self._refs, self._digests, self._parents
         for h in hashes:
             n = refs[h] - 1
             if n:
                 refs[h] = n
             else:
-                del refs[h], digests[h]
+                del refs[h], digests[h], parents[h]
 
     def _register(self, rid: str, hashes: list[int], digests: list[bytes]) -> None:
         self.depart(rid)
         self._by_rid[rid] = hashes
-        refs, known_digests = self._refs, self._digests
+        refs, known_digests, parents = self._refs, self._digests, self._parents
+        before: int | None = None
         for h, d in zip(hashes, digests, strict=True):
             n = refs.get(h, 0)
             if not n:
                 known_digests[h] = d
+                parents[h] = before  # a chain hash names its parent: the same in every chain
             refs[h] = n + 1
+            before = h
 
     # ---- the engine's tier (event loop, inside a step) ----------------------------------------
 
@@ -358,7 +376,10 @@ class MooncakeTier:
         if not self._up or not self._reserve(len(keys)):
             self._count("objects_dropped", len(keys))
             return
-        self._jobs.put(functools.partial(self._write, keys))
+        pages: list[Page] = []
+        if self.announcer is not None:  # in the order _keys() lists their keys
+            pages = [(h, self._parents[h]) for h in page_hashes if h in self._digests]
+        self._jobs.put(functools.partial(self._write, keys, pages))
 
     def _keys(self, page_hashes: Sequence[int]) -> list[str]:
         digests = self._digests
@@ -391,6 +412,8 @@ class MooncakeTier:
             except Exception as exc:
                 log.debug("Mooncake remove_all raised: %s", exc)
                 ok = False
+            if ok and self.announcer is not None:
+                self.announcer.cleared()
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(_settle, done, ok)
 
@@ -437,18 +460,24 @@ class MooncakeTier:
             return None
         return list(exist)
 
-    def _write(self, keys: list[str]) -> None:
+    def _write(self, keys: list[str], pages: Sequence[Page] = ()) -> None:
+        """Put the keys the store lacks; with pages (--l3-kv-events), announce those whose
+        every key it holds afterwards."""
+        held: list[bool] = []
         try:
             exist = self._exist(keys) if self._up and not self._stop.is_set() else None
             if exist is None:
                 self._count("objects_dropped", len(keys))
                 return
-            missing = [k for k, e in zip(keys, exist, strict=True) if e != 1]
+            held = [e == 1 for e in exist]
+            missing = [i for i, h in enumerate(held) if not h]
             for at in range(0, len(missing), PUT_CHUNK_KEYS):
                 chunk = missing[at : at + PUT_CHUNK_KEYS]
-                rc = self._put(chunk)
+                rc = self._put([keys[i] for i in chunk])
                 if rc == 0:
                     self._count("objects_written", len(chunk))
+                    for i in chunk:
+                        held[i] = True
                     continue
                 self._count("objects_dropped", len(missing) - at)
                 if rc == RPC_FAIL:
@@ -457,6 +486,10 @@ class MooncakeTier:
                 log.debug("Mooncake put_batch of %d keys failed: rc %d", len(chunk), rc)
         finally:
             self._count("pending_keys", -len(keys))
+            if pages and held and self.announcer is not None:
+                per = len(keys) // len(pages)
+                ok = [all(held[i * per : (i + 1) * per]) for i in range(len(pages))]
+                self.announcer.stored(pages, ok)
 
     def _put(self, keys: list[str]) -> int:
         try:

@@ -49,6 +49,7 @@ from smetric_router.emulator.errors import (
 )
 from smetric_router.emulator.faults import Faults
 from smetric_router.emulator.kv_publisher import KvEventPublisher
+from smetric_router.emulator.l3_events import L3Announcer
 from smetric_router.emulator.metrics import make_registry
 from smetric_router.emulator.mooncake_tier import MooncakeTier
 from smetric_router.emulator.pd import (
@@ -98,6 +99,8 @@ class Emulator:
         self.tier = tier  # the engine's global tier on a real store (closed with the app)
         backend = None if tier is None else tier.storage_backend
         self.runner = EngineRunner(engine, config.speedup, self._publish, tier, backend)
+        if tier is not None and config.mooncake.l3_kv_events:
+            tier.announcer = L3Announcer(self._publish, config.engine.page_size)
         self.faults = Faults()
         self.registry = make_registry(self.runner, config.model_name)
         self.started = time.time()

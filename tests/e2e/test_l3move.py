@@ -1,6 +1,7 @@
 """smetric-l3move through a router over emulated workers on a real Mooncake store: a follow-up
 whose history the store holds leaves its busy holder for an idle worker (reason l3-move), where
-smetric-delay's factor of two would keep it waiting there."""
+smetric-delay's factor of two would keep it waiting there; with the router's L3 view from the
+master and from the workers' L3 KV events alike."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ MODEL = WorkerSpec().model_name
 STALLED_S = 30.0  # a request answered by an idle emulated worker takes well under a second
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+# the router's L3 view: asking the master, or the workers' own L3 KV events
+@pytest.fixture(scope="module", params=["master", "events"])
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     args = (*ROUTER_ARGS, "--l3-cache-ttl-secs", "0")
-    yield from mooncake_stack(RouterSpec(port=0, policy="smetric-l3move", extra_args=args))
+    router = RouterSpec(port=0, policy="smetric-l3move", l3_view=request.param, extra_args=args)
+    yield from mooncake_stack(router)
 
 
 async def test_a_follow_up_the_store_holds_moves_off_its_busy_holder(stack: Stack) -> None:

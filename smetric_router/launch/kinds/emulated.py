@@ -2,7 +2,9 @@
 benchmark tool with a modelled H20 engine, started with this interpreter. With `global_tier:
 mooncake` every worker that has HiCache in SGLang (not a PD decode) keeps its L3 in the spec's
 Mooncake master (`--global-tier mooncake`), set up from the same MOONCAKE_* environment a real
-SGLang worker gets."""
+SGLang worker gets, and publishes KV events for the pages it writes there (`--l3-kv-events`), as
+the SGLang this project builds does with its l3-events patch: what a router's `--l3-view events`
+reads."""
 
 from __future__ import annotations
 
@@ -51,7 +53,8 @@ def plan(spec: ClusterSpec) -> list[WorkerLaunch]:
     l3: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     if spec.mooncake is not None:
-        l3 = ("--global-tier", "mooncake")
+        # announcing what they write, as this project's SGLang (patched: `make sglang`) does
+        l3 = ("--global-tier", "mooncake", "--l3-kv-events")
         env = tuple(mooncake_env(spec.mooncake, "127.0.0.1").items())
 
     def launch(name: str, http: int, argv: tuple[str, ...], role: str = "null",
