@@ -91,8 +91,12 @@ def _mooncake_spec() -> ClusterSpec:
     """A local mooncake_master (free loopback ports) started first by the launcher, then 2 workers
     with `--hicache-storage-backend mooncake`, then the router."""
     rpc, http, metrics = free_ports(3)
+    # What the router reports of the tier is checked here, not its patience: with real SGLang
+    # CPU workers on 2 cores a master lookup can outlast the 25 ms default, and the header then
+    # says unknown (seen once, the turn after a master restart, in a fresh-clone run).
+    router_args = (*ROUTER_ARGS, "--l3-budget-secs", "2")
     return replace(
-        sglang_spec(hicache_storage_backend="mooncake"),
+        sglang_spec(hicache_storage_backend="mooncake", router_args=router_args),
         mooncake=MooncakeSpec(rpc_port=rpc, http_metadata_port=http, metrics_port=metrics,
                               global_segment_size=str(256 << 20)),
     )  # fmt: skip
