@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.process_cost import renice, tree_cpu_rss
-from smetric_router.core.prometheus import readable_samples, total
+from smetric_router.core.prometheus import Sample, readable_samples, total
 from smetric_router.launch import ClusterSpec, Stack, WorkerSpec, free_port, load_spec, router_args
 from smetric_router.launch.kinds.sglang import (
     CPU_SITE,
@@ -455,15 +455,19 @@ STAGE_SUM = "smetric_decision_stage_seconds_sum"
 STAGE = "stage:"  # key prefix of a stage's summed seconds in decisions()
 
 
-def decisions(router_url: str) -> dict[str, float]:
+def router_samples(router_url: str) -> list[Sample]:
+    """One scrape of a router's /metrics, for decisions() and l3_lookups(); none for a peer
+    whose port serves no metrics."""
+    status, text = _get(f"{router_url}/metrics")
+    return readable_samples(text.decode()) if status == 200 else []
+
+
+def decisions(samples: list[Sample]) -> dict[str, float]:
     """smetric-router's decisions by reason so far, plus the sum and count of its
     arrival-to-decision times under DECIDE_SUM / DECIDE_COUNT and of each stage's part of them
     under STAGE + its name; empty for a peer."""
-    status, text = _get(f"{router_url}/metrics")
     out: dict[str, float] = {}
-    if status != 200:
-        return out
-    for s in readable_samples(text.decode()):
+    for s in samples:
         if s.name == "smetric_decisions_total" and "reason" in s.labels:
             out[s.labels["reason"]] = out.get(s.labels["reason"], 0.0) + s.value
         elif s.name in (DECIDE_SUM, DECIDE_COUNT):
@@ -476,14 +480,11 @@ def decisions(router_url: str) -> dict[str, float]:
 L3_LOOKUPS = "smetric_l3_lookups_total"
 
 
-def l3_lookups(router_url: str) -> dict[str, float]:
+def l3_lookups(samples: list[Sample]) -> dict[str, float]:
     """smetric-router's global-tier lookups so far by outcome (hit, miss, unknown, timeout: over
     --l3-budget-secs, decided as unknown); empty for a peer or a router without --l3-view."""
-    status, text = _get(f"{router_url}/metrics")
     out: dict[str, float] = {}
-    if status != 200:
-        return out
-    for s in readable_samples(text.decode()):
+    for s in samples:
         if s.name == L3_LOOKUPS and "outcome" in s.labels:
             out[s.labels["outcome"]] = out.get(s.labels["outcome"], 0.0) + s.value
     return out
@@ -644,7 +645,8 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                                      router_log) as (url, proc):  # fmt: skip
                 flush(workers, l3)
                 p0, c0 = token_counters(workers)
-                d0, k0 = decisions(url), l3_lookups(url)
+                s0 = router_samples(url)
+                d0, k0 = decisions(s0), l3_lookups(s0)
                 out = work / f"{slug}.jsonl"
                 out.unlink(missing_ok=True)
                 cmd = bench_argv(sglang_py, url, model, load, setup, rate, out, tok, draw)
@@ -657,7 +659,8 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 if rc != 0 or not out.exists():
                     raise RuntimeError(f"bench_serving failed ({rc}); see {work}/{slug}.bench.log")
                 p1, c1 = token_counters(workers)
-                d1, k1 = decisions(url), l3_lookups(url)
+                s1 = router_samples(url)
+                d1, k1 = decisions(s1), l3_lookups(s1)
                 calls = {}
                 if setup.agent and rate == setup.rates[0] and draw == 1:
                     flush(workers, l3)
@@ -682,6 +685,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
             )
             runs.append(run)
             (work / f"{slug}.run.json").write_text(json.dumps(run.sidecar()))
+            lookups_note = f", L3 lookups: {_lookups(run.l3_lookups)}" if run.l3_lookups else ""
             log(f"{name:28s} rate {rate:g} draw {draw}: {result['completed']} req in "
                 f"{result['duration']:.1f} s (wall {time.monotonic() - t0:.0f} s), "
                 f"goodput {result.get('request_goodput', 0):.2f} req/s, TTFT p90 "
@@ -689,7 +693,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 f"{_pct(run.history_hit)}, sticky {_pct(run.stickiness)}, "
                 f"router CPU {_ms(run.router_cpu_ms)} ms/req, decision "
                 f"{_ms(run.decide_ms)} ms{_stages(run.decide_stages_ms)}"
-                f"{_lookups(run.l3_lookups)}")  # fmt: skip
+                f"{lookups_note}")  # fmt: skip
     finally:
         stack.stop()
     return runs
@@ -701,8 +705,7 @@ def _stages(ms: dict[str, float]) -> str:
 
 
 def _lookups(counts: dict[str, float]) -> str:
-    parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items()))
-    return f", L3 lookups: {parts}" if parts else ""
+    return ", ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items()))
 
 
 def tool_call_check(url: str, model: str, tokenizer: str, sessions: int) -> dict[str, Any]:
@@ -1038,7 +1041,7 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         for r in sorted(looked, key=lambda r: (setup.routers.index(r.router), r.rate, r.draw)):
             lines.append(f"| {r.router} | {r.rate:g} | {r.draw} | {_ms(r.decide_ms)}"
                          f"{_stages(r.decide_stages_ms)} | "
-                         f"{_lookups(r.l3_lookups).removeprefix(', L3 lookups: ')} |")  # fmt: skip
+                         f"{_lookups(r.l3_lookups)} |")  # fmt: skip
     if setup.draws > 1:
         lines += draws_lines(runs, setup)
     checked = [r for r in runs if r.tool_calls]
