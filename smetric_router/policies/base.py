@@ -33,16 +33,18 @@ class PolicyParams:
             "inf = never (smetric bounds moves by --move-cost-ratio instead)",
         ),
     )
-    # SMetric (the default): its overload guard in units of cost, which mean the same at any
-    # cluster size (policies/smetric.py says why and what it measured).
+    # SMetric (every smetric-* but smetric-paper): its overload guard in units of cost, which mean
+    # the same at any cluster size (policies/smetric.py says why and what it measured).
     move_cost_ratio: float = option(
         2.0,
         Flag(
             "--move-cost-ratio",
             "smetric: a follow-up leaves the worker holding its cache when staying would cost "
-            "more than MOVE_COST_RATIO x the cheapest move, a worker's cost being the tokens "
-            "it would prefill there x (its load + 1) (smetric-delay: plus its unprefilled "
-            "tokens); inf = never moved for load. "
+            "more than MOVE_COST_RATIO x the cheapest move, a worker's cost being its "
+            "unprefilled tokens + the tokens the request would prefill there x (its load + 1) "
+            "(smetric-inflight and its first-turn variants: without the unprefilled tokens); "
+            "inf = never moved for load (smetric still moves a follow-up the global tier holds "
+            "where its delay is least). "
             "smetric-ftband: a first turn goes only to a worker whose load + 1 is within "
             "MOVE_COST_RATIO x the least loaded's",
         ),

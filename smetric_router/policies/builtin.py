@@ -14,6 +14,7 @@ from smetric_router.policies import (
     smetric_ftcost,
     smetric_ftrecent,
     smetric_ftwork,
+    smetric_inflight,
     smetric_l3move,
     smetric_paper,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "smetric_ftcost",
     "smetric_ftrecent",
     "smetric_ftwork",
+    "smetric_inflight",
     "smetric_l3move",
     "smetric_paper",
 ]

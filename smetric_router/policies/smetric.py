@@ -1,12 +1,15 @@
-"""SMetric's balanced session-centric scheduling, the default: the paper's Figure 13 (kept as
-written in smetric_paper.py) with its overload guard in units of cost instead of load.
+"""SMetric's balanced session-centric scheduling, the rule every `smetric-*` policy is built on:
+the paper's Figure 13 (kept as written in smetric_paper.py) with its overload guard in units of
+cost instead of load. `smetric-inflight` (smetric_inflight.py) is this rule with its own costs
+and was the default; the default `smetric` (smetric_l3move.py) builds on it with the queued
+prefill in its cost and a move for a follow-up the global tier holds.
 
-First request of a session -> least load. Follow-up -> the worker with the highest local hit,
-unless the session looks evicted (best hit <= HIT_RATIO x est_hit) or staying costs more than
-MOVE_COST_RATIO x the cheapest move, where a worker's cost for the request is the tokens it would
-prefill there times what is already in its way: (prompt - local hit) x (load + 1)
-(base.least_recompute's score). A follow-up either guard sends away goes where that cost is
-lowest, where the figure takes the least loaded.
+First request of a session -> least load (or the least `first_key`, then load). Follow-up -> the
+worker with the highest local hit, unless the session looks evicted (best hit <= HIT_RATIO x
+est_hit) or staying costs more than MOVE_COST_RATIO x the cheapest move, where `cost` prices a
+worker for the request (by default the tokens it would prefill there times what is already in
+its way, (prompt - local hit) x (load + 1), base.least_recompute's score). A follow-up either
+guard sends away goes where that cost is lowest, where the figure takes the least loaded.
 
 Why cost, not the figure's OVERLOAD x mean load: a ratio of loads means different things at 4
 and at 32 workers, and it ignores what a move costs. On a cluster of 4 the bound is never reached
@@ -19,8 +22,9 @@ it took max TPS within SLO from 162.4K to 178.8K tokens/s with no global tier (a
 lmetric-inflight on every seed) and left the full-tier figure level (308.8K -> 305.8K, within
 the seeds' spread); factors 1 to 4 were within 2 % of each other.
 
-First requests stay balanced by load: scoring them too (tried) piles the sessions of a shared
-template onto its holders. Ties round-robin."""
+First requests stay balanced by load unless a `first_key` says otherwise: scoring them by the
+recompute cost alone (tried) piles the sessions of a shared template onto its holders. Ties
+round-robin."""
 
 from __future__ import annotations
 
@@ -33,7 +37,6 @@ from smetric_router.policies.base import (
     healthy_or_raise,
     lowest,
     recompute_cost,
-    register,
 )
 from smetric_router.policies.session_home import home
 from smetric_router.policies.turn import resolve_turn
@@ -42,7 +45,7 @@ from smetric_router.policies.turn import resolve_turn
 @dataclass(frozen=True, slots=True)
 class SMetric:
     params: PolicyParams
-    name: str = "smetric"
+    name: str
     uses_text_tree: bool = False
     # a worker's cost for the request, which the overload guard compares and the fallback
     # minimises (smetric_fetch.py counts what the global tier can load as fetched)
@@ -123,8 +126,3 @@ class SMetric:
         if reason is not Reason.BREAKER_OPEN:
             reason = Reason.SESSION_HINT_FALLBACK
         return Decision(home(hint, cheapest).url, reason.value)
-
-
-@register("smetric")
-def _make(params: PolicyParams) -> SMetric:
-    return SMetric(params)

@@ -3,7 +3,7 @@
 A first turn goes, among the workers whose load + 1 is within MOVE_COST_RATIO x the least
 loaded's, to the one with the least (prompt - local hit) x (load + 1), ties to the fewest in
 flight, then round-robin (or the session's home, with a session hint). Follow-ups are
-`smetric`'s.
+`smetric-inflight`'s.
 
 Why: a session placed on a worker that holds its template (system prompt, tool definitions)
 prefills less, and for its whole life shares those pages with that worker's other sessions
@@ -13,7 +13,7 @@ histories. The cost alone (`smetric-ftcost`) piles a burst of sessions opening w
 template onto its first holder; the band lets a first turn wait behind at most the queue factor
 a follow-up accepts before it moves, so first turns stay balanced within that factor.
 
-Measured (modelled) against `smetric`, whose first turn is the least loaded: on 8 emulated
+Measured (modelled) against `smetric-inflight`, whose first turn is the least loaded: on 8 emulated
 workers over a real Mooncake store at the sustained knee
 (benchmarks/results/compare-mooncake-8-quarter-long-ftband.md, 3 draws) the follow-ups found 53 %
 of their prompt in the GPU tier against 39 %, 92 % of requests met the SLO against 88 %, TTFT p90

@@ -1,10 +1,10 @@
 """smetric-ftrecent: SMetric with a session's first request placed where the least new work was
 sent lately.
 
-`smetric` sends a first turn to the worker with the fewest requests in flight; this policy sends
-it to the worker with the fewest recent tokens (WorkerView.recent_tokens: the new prompt tokens
-routed there, summed with a five-minute half-life), ties to the fewest in flight, then
-round-robin (or the session's home, with a session hint). Follow-ups are `smetric`'s.
+`smetric-inflight` sends a first turn to the worker with the fewest requests in flight; this policy
+sends it to the worker with the fewest recent tokens (WorkerView.recent_tokens: the new prompt
+tokens routed there, summed with a five-minute half-life), ties to the fewest in flight, then
+round-robin (or the session's home, with a session hint). Follow-ups are `smetric-inflight`'s.
 
 Why: an agent's session is mostly between requests (tool calls, the user), and each of its
 follow-ups comes back to the worker that holds its history. The requests in flight show only the

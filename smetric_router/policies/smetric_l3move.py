@@ -1,8 +1,10 @@
-"""smetric-l3move: `smetric-delay`, except that a follow-up whose history the global tier holds
-goes where its delay is least, as a first turn does.
+"""smetric, the default (also named smetric-l3move, the name its first results use):
+`smetric-delay`, except that a follow-up whose history the global tier holds goes where its
+delay is least, as a first turn does.
 
-`smetric` keeps a follow-up on the worker holding its history unless staying costs more than
-MOVE_COST_RATIO x the cheapest move: moving it means prefilling that history again elsewhere. With
+`smetric-inflight` (the default before this) keeps a follow-up on the worker holding its history
+unless staying costs more than MOVE_COST_RATIO x the cheapest move: moving it means prefilling
+that history again elsewhere. With
 a global tier (Mooncake, HiCache's L3) that holds the history, a move fetches it instead, so the
 factor that protects a history no other worker could get back protects only a fetch, and the
 follow-up waits in its holder's queue for it. Here such a follow-up (the global tier holds more than
@@ -20,10 +22,17 @@ router waits for the master's answer only where it could change the decision (ne
 
 Measured (modelled; benchmarks/results/l3move.md): in the simulator at 32 instances against the
 better of the two LMetrics per seed 1.039 [1.030-1.056]x with a full global tier and 1.128
-[1.106-1.140]x with 1.6x (`smetric-delay` 1.014x and 1.086x, `smetric` 0.989x), the same as
-`smetric-delay` without one (1.075x); 1.010x and 1.008x `smetric-delay` at 8 instances and on the
-Mooncake conversation trace with a full tier. Under PD (benchmarks/results/pd-l3move.md)
-0.994x / 0.992x `smetric` with a full / 1.6x tier, as `smetric-delay` there."""
+[1.106-1.140]x with 1.6x (`smetric-delay` 1.014x and 1.086x, `smetric-inflight` 0.989x), the
+same as `smetric-delay` without one (1.075x); 1.010x and 1.008x `smetric-delay` at 8 instances
+and on the Mooncake conversation trace with a full tier; over `smetric-inflight` 1.050x, 1.118x
+and 1.058x at 32 instances (full, 1.6x, no tier), 1.052x at 8 and 1.122x on the Mooncake trace.
+On 8 emulated workers over a real Mooncake store, reading the tier from the workers' L3 KV
+events, 1.037 [0.934-1.091]x the best other router (compare-mooncake-8-quarter-long-l3events.md);
+on 4 emulated workers without a tier, as `smetric-delay`, level with `smetric-inflight` (0.998x,
+compare-knee-delay.md). Under PD (pd-l3move.md) 0.994x / 0.992x `smetric-inflight` with a full /
+1.6x tier, level within the seeds' spread: there the queued prefill is already the prefill
+instances' load, so the rule gains nothing over it.
+"""
 
 from __future__ import annotations
 
@@ -44,7 +53,7 @@ L3_MOVE = "l3-move"
 class SMetricL3Move:
     params: PolicyParams
     delay: SMetric  # smetric-delay: every decision but a follow-up the global tier holds
-    name: str = "smetric-l3move"
+    name: str
     uses_text_tree: bool = False
 
     def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
@@ -86,8 +95,16 @@ class SMetricL3Move:
         return bool(held) and max(held) > self.params.hit_ratio * features.est_hit
 
 
-@register("smetric-l3move")
-def _make(params: PolicyParams) -> SMetricL3Move:
-    name = "smetric-l3move"
+def _build(params: PolicyParams, name: str) -> SMetricL3Move:
     delay = SMetric(params, name=name, cost=delay_cost, first_key=delay_cost)
     return SMetricL3Move(params, delay, name)
+
+
+@register("smetric")
+def _make(params: PolicyParams) -> SMetricL3Move:
+    return _build(params, "smetric")
+
+
+@register("smetric-l3move")
+def _make_named(params: PolicyParams) -> SMetricL3Move:
+    return _build(params, "smetric-l3move")

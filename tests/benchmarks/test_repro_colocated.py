@@ -85,11 +85,13 @@ def test_a_variant_registering_anothers_class_keys_on_its_own_module(
 def test_a_policy_built_from_anothers_parts_keys_on_their_modules_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """smetric_l3move.py decides most requests with smetric-delay's cost and smetric's class:
-    an edit to smetric_delay.py re-runs both policies' rows, and no other's."""
+    """smetric_l3move.py (the default `smetric`, also named `smetric-l3move`) decides most
+    requests with smetric-delay's cost and smetric.py's class: an edit to smetric_delay.py re-runs
+    those three names' rows, and no other's."""
     before = rc._policy_hashes()
     after = _hashes_after_editing(monkeypatch, "smetric_delay.py")
-    assert {p for p in before if before[p] != after[p]} == {"smetric-delay", "smetric-l3move"}
+    changed = {p for p in before if before[p] != after[p]}
+    assert changed == {"smetric-delay", "smetric-l3move", "smetric"}
 
 
 def test_registering_one_more_policy_re_runs_no_others_rows(

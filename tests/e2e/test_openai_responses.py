@@ -50,7 +50,10 @@ def _create(client: openai.OpenAI, stream: bool, **kwargs: Any) -> tuple[Any, di
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_chains_land_on_their_holder_and_get_by_id(make_stack: StackFactory, stream: bool) -> None:
-    stack = make_stack(workers=4)
+    # smetric-inflight places each chain's first response by load alone, so the chains land on
+    # different workers and every continuation has to find its own holder (the default would
+    # send all three to the holder of their shared instructions and tools, the cheapest prefill)
+    stack = make_stack(policy="smetric-inflight", workers=4)
     model = stack.spec.workers.model_name
     page = stack.spec.workers.page_size
     client = openai.OpenAI(base_url=stack.url + "/v1", api_key="none", max_retries=0)

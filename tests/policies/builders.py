@@ -4,6 +4,7 @@ running defaults to None (no report), as in a view built before the first /v1/lo
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -69,3 +70,34 @@ def assert_follow_ups_match(
         for turn, history in ((2, 820), (1, 800)):
             f = req(prompt_len=900, turn=turn, est_hit=history)
             assert policy.decide(f, view) == reference.decide(f, view), (policy.name, view, f)
+
+
+def with_l3(view: ClusterView, l3: int | None) -> ClusterView:
+    return replace(view, workers=tuple(replace(x, l3_hit=l3) for x in view.workers))
+
+
+def random_cases(seed: int) -> list[tuple[RequestFeatures, ClusterView]]:
+    """Seeded random requests and views: clusters of 2-5 workers, each request a first turn or a
+    follow-up whose history some worker holds whole, in part or not at all (evicted), or one of
+    unknown turn."""
+    rng = random.Random(seed)
+    out = []
+    for tick in range(300):
+        history = rng.choice((0, 160, 800, 3_200))
+        prompt = history + rng.choice((16, 900, 4_000))
+        workers = [
+            w(
+                load=rng.randrange(0, 12),
+                hit=rng.choice((0, history // 4, history // 2, history)),
+                running=rng.choice((None, rng.randrange(0, 8))),
+                unprefilled=rng.choice((0, rng.randrange(0, 20_000))),
+                healthy=rng.random() > 0.1,
+            )
+            for _ in range(rng.randrange(2, 6))
+        ]
+        if not any(x.healthy for x in workers):
+            workers[0] = replace(workers[0], healthy=True)
+        turn = rng.choice((0, 1, 3, None)) if history else 0
+        f = req(prompt_len=prompt, turn=turn, est_hit=history)
+        out.append((f, replace(cluster(*workers), tick=tick, entropy=rng.getrandbits(62))))
+    return out

@@ -15,6 +15,7 @@ def test_registry_lists_every_policy_and_rejects_unknown_names() -> None:
         "smetric-ftcost",
         "smetric-ftband",
         "smetric-delay",
+        "smetric-inflight",
         "smetric-l3move",
         "smetric-fetch",
         "bailian",

@@ -1,10 +1,12 @@
 """What an agent's session hint changes in SMetric's decisions, on built cluster views: only the
 choices the view leaves open (ties, and where a guard sends a follow-up away from its holder).
-Without a hint every decision is as before: tests/policies/test_smetric.py."""
+Without a hint every decision is as before: tests/policies/test_smetric_inflight.py."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+import pytest
 
 from smetric_router.core.types import RequestFeatures
 from smetric_router.policies import make_policy
@@ -76,17 +78,21 @@ def test_overload_fallback_goes_home_among_the_cheapest_too() -> None:
     assert SMETRIC.decide(req(turn=1, est_hit=800), view).reason == "overload-fallback"
 
 
-def test_hint_never_overrides_a_holder_or_the_first_turn_balance() -> None:
+# the first turn: the default's least delay (w0: 200 tokens to prefill behind 2 requests), the
+# least loaded for smetric-inflight
+@pytest.mark.parametrize(("name", "first"), [("smetric", "w0"), ("smetric-inflight", "w2")])
+def test_hint_never_overrides_a_holder_or_the_first_turn_choice(name: str, first: str) -> None:
+    policy = make_policy(name)
     urls = ["w0", "w1", "w2"]
     view = cluster(w(load=2, hit=800), w(load=1), w(load=0))
     # sticky: the holder, whatever the hint's home
     for target in urls:
-        d = SMETRIC.decide(hinted(req(turn=2, est_hit=800), session_homed_at(target, urls)), view)
+        d = policy.decide(hinted(req(turn=2, est_hit=800), session_homed_at(target, urls)), view)
         assert (d.worker, d.reason) == ("w0", "sticky")
-    # first turn: the least loaded, whatever the hint's home
+    # first turn: the policy's own choice, whatever the hint's home
     for target in urls:
-        d = SMETRIC.decide(hinted(req(turn=0), session_homed_at(target, urls)), view)
-        assert (d.worker, d.reason) == ("w2", "first-turn-balance")
+        d = policy.decide(hinted(req(turn=0), session_homed_at(target, urls)), view)
+        assert (d.worker, d.reason) == (first, "first-turn-balance")
 
 
 def test_hint_breaks_ties_instead_of_round_robin() -> None:

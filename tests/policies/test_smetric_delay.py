@@ -9,7 +9,7 @@ from smetric_router.policies import make_policy
 from tests.policies.builders import assert_follow_ups_match, cluster, req, w
 
 DELAY = make_policy("smetric-delay")
-SMETRIC = make_policy("smetric")
+SMETRIC = make_policy("smetric-inflight")
 
 
 def test_a_first_turn_goes_where_least_prefill_waits_before_it_and_on_it() -> None:

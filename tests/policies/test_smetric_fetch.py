@@ -12,7 +12,7 @@ from smetric_router.policies.smetric_fetch import FETCH, fetch_cost
 from tests.policies.builders import cluster, req, w
 
 FETCHING = make_policy("smetric-fetch")
-SMETRIC = make_policy("smetric")
+SMETRIC = make_policy("smetric-inflight")
 
 
 def test_a_loaded_holder_gives_the_follow_up_away_when_its_history_is_fetchable() -> None:

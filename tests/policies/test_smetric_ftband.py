@@ -14,7 +14,7 @@ from tests.policies.builders import cluster, req, w
 
 FTBAND = make_policy("smetric-ftband")
 FTCOST = make_policy("smetric-ftcost")
-SMETRIC = make_policy("smetric")
+SMETRIC = make_policy("smetric-inflight")
 
 
 def test_a_holder_beyond_the_band_is_passed_over_however_cheap() -> None:
@@ -55,4 +55,4 @@ def test_a_burst_of_sessions_on_one_template_stays_balanced() -> None:
     # the band spreads them two by two; the cost alone piles them all on the first holder
     assert sorted(_burst("smetric-ftband", 8, 4).values()) == [2, 2, 2, 2]
     assert _burst("smetric-ftcost", 8, 4).most_common(1)[0][1] == 8
-    assert sorted(_burst("smetric", 8, 4).values()) == [2, 2, 2, 2]
+    assert sorted(_burst("smetric-inflight", 8, 4).values()) == [2, 2, 2, 2]

@@ -11,7 +11,7 @@ from smetric_router.policies import make_policy
 from tests.policies.builders import assert_follow_ups_match, cluster, req, w
 
 FTCOST = make_policy("smetric-ftcost")
-SMETRIC = make_policy("smetric")
+SMETRIC = make_policy("smetric-inflight")
 LMETRIC_INFLIGHT = make_policy("lmetric-inflight")
 
 

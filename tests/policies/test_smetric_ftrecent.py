@@ -8,7 +8,7 @@ from smetric_router.policies import make_policy
 from tests.policies.builders import assert_follow_ups_match, cluster, req, w
 
 FTRECENT = make_policy("smetric-ftrecent")
-SMETRIC = make_policy("smetric")
+SMETRIC = make_policy("smetric-inflight")
 
 
 def test_first_turn_goes_where_the_least_was_sent_lately_not_to_the_least_loaded() -> None:

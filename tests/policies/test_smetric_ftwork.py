@@ -8,7 +8,7 @@ from smetric_router.policies import make_policy
 from tests.policies.builders import assert_follow_ups_match, cluster, req, w
 
 FTWORK = make_policy("smetric-ftwork")
-SMETRIC = make_policy("smetric")
+SMETRIC = make_policy("smetric-inflight")
 
 
 def test_first_turn_goes_to_the_least_unprefilled_worker_not_the_least_loaded() -> None:

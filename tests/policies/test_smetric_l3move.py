@@ -1,5 +1,5 @@
-"""smetric-l3move: smetric-delay, but a follow-up whose history the global tier holds goes where
-its delay is least (built views)."""
+"""smetric (the default) and smetric-l3move, its other name: smetric-delay, but a follow-up whose
+history the global tier holds goes where its delay is least (built views)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ from dataclasses import replace
 
 from smetric_router.core.types import ClusterView, RequestFeatures
 from smetric_router.policies import make_policy
-from tests.policies.builders import assert_follow_ups_match, cluster, req, w
+from tests.policies.builders import (
+    assert_follow_ups_match,
+    cluster,
+    random_cases,
+    req,
+    w,
+    with_l3,
+)
 
 L3MOVE = make_policy("smetric-l3move")
 DELAY = make_policy("smetric-delay")
@@ -99,3 +106,13 @@ def test_first_turns_are_smetric_delays_even_where_the_tier_holds_their_template
         at = replace(view, tick=tick)
         assert L3MOVE.decide(first, at) == DELAY.decide(first, at)
         assert L3MOVE.decide(first, at).reason == "first-turn-balance"
+
+
+def test_the_default_smetric_is_this_policy_decision_for_decision() -> None:
+    default = make_policy("smetric")
+    assert default.name == "smetric"
+    for f, view in random_cases(seed=13):
+        for l3 in (None, 0, f.est_hit // 2, f.est_hit, f.prompt_len):
+            tiered = with_l3(view, l3)
+            assert default.decide(f, tiered) == L3MOVE.decide(f, tiered), (f, tiered)
+            assert default.needs_l3(f, tiered) == L3MOVE.needs_l3(f, tiered)

@@ -156,8 +156,13 @@ async def test_client_leaving_releases_both_sides(
 async def test_a_failing_prefill_opens_its_circuit_and_gets_no_more_requests(
     make_worker: MakeWorker, make_router: MakeRouter
 ) -> None:
+    # round_robin: the same prompt again would go to the prefill that cached it under smetric
     pd = await start_pd(
-        make_worker, make_router, cb_failure_threshold=2, cb_timeout_duration_secs=600
+        make_worker,
+        make_router,
+        cb_failure_threshold=2,
+        cb_timeout_duration_secs=600,
+        prefill_policy="round_robin",
     )
     failing, working = pd.prefills
     failing.fail_next = 10**6  # 503 to every request

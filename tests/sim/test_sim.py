@@ -216,9 +216,10 @@ def test_session_hints_carry_the_trace_session_only_when_asked() -> None:
         assert router_features(req, [], BS).session_hint is None
         assert router_features(req, [], BS, session_hint=True).session_hint == "s0"
     # a run with hints: each session's first turn goes to its home among the idle instances
+    # (smetric-inflight: first turns to the least loaded; the default takes the template's holder)
     cfg = replace(SMALL, session_hints=True)
     trace = [replace(r, arrival_s=r.arrival_s * 100) for r in _sessions(6, 1)]  # one at a time
-    cluster = Cluster(cfg, make_policy("smetric"), math.inf)
+    cluster = Cluster(cfg, make_policy("smetric-inflight"), math.inf)
     res = cluster.run(trace)
     homes = [max(cluster.urls, key=lambda u: rank(req.session, u)) for req in trace]
     assert [cluster.urls[r.instance] for r in res.records] == homes

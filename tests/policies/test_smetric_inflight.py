@@ -11,7 +11,7 @@ from smetric_router.core.types import NoWorkerAvailable
 from smetric_router.policies import PolicyParams, make_policy, policy_names
 from tests.policies.builders import cluster, req, w
 
-SMETRIC = make_policy("smetric")
+SMETRIC = make_policy("smetric-inflight")
 
 
 def test_first_turn_goes_to_least_load_even_against_a_big_hit() -> None:
@@ -79,9 +79,9 @@ def test_a_long_history_stays_where_a_short_one_would_move() -> None:
 def test_move_cost_ratio_is_honoured() -> None:
     view = cluster(w(load=6, hit=800), w(load=0))  # staying 1400, moving 1000
     assert SMETRIC.decide(req(turn=1, est_hit=800), view).reason == "sticky"
-    eager = make_policy("smetric", PolicyParams(move_cost_ratio=1.0))
+    eager = make_policy("smetric-inflight", PolicyParams(move_cost_ratio=1.0))
     assert eager.decide(req(turn=1, est_hit=800), view).reason == "overload-fallback"
-    never = make_policy("smetric", PolicyParams(move_cost_ratio=float("inf")))
+    never = make_policy("smetric-inflight", PolicyParams(move_cost_ratio=float("inf")))
     far = cluster(w(load=1000, hit=800), w(load=0))
     assert never.decide(req(turn=1, est_hit=800), far).reason == "sticky"
 
@@ -106,7 +106,7 @@ def test_evicted_guard_falls_back_when_best_hit_is_far_below_history() -> None:
 def test_hit_ratio_parameter_sets_the_eviction_threshold() -> None:
     view = cluster(w(load=1, hit=600), w(load=0))
     assert SMETRIC.decide(req(turn=1, est_hit=1000), view).reason == "sticky"  # 600 > 0.5 x 1000
-    picky = make_policy("smetric", PolicyParams(hit_ratio=0.75))
+    picky = make_policy("smetric-inflight", PolicyParams(hit_ratio=0.75))
     assert picky.decide(req(turn=1, est_hit=1000), view).reason == "evicted-fallback"
 
 
@@ -130,7 +130,7 @@ def test_eviction_guard_at_its_boundary() -> None:
     d = SMETRIC.decide(req(turn=1, est_hit=1000), above)
     assert (d.worker, d.reason) == ("w0", "sticky")
     # The same boundary under another ratio: 0.75 x 1024 = 768.
-    picky = make_policy("smetric", PolicyParams(hit_ratio=0.75))
+    picky = make_policy("smetric-inflight", PolicyParams(hit_ratio=0.75))
     assert picky.decide(req(turn=1, est_hit=1024), cluster(w(hit=768), w())).reason == (
         "evicted-fallback"
     )
@@ -191,7 +191,7 @@ def test_policy_is_pure(name: str, turn: int | None) -> None:
 # -- the L3-aware eviction guard ---------------------------------------------------------------
 
 
-L3_AWARE = make_policy("smetric", PolicyParams(l3_aware=True))
+L3_AWARE = make_policy("smetric-inflight", PolicyParams(l3_aware=True))
 
 
 def test_history_evicted_locally_but_held_in_l3_stays_with_its_best_local_holder() -> None:
@@ -232,6 +232,6 @@ def test_an_l3_history_that_stays_is_not_moved_for_load() -> None:
 
 
 def test_no_move_for_load_on_an_idle_cluster_still_places_a_fallback() -> None:
-    never = make_policy("smetric", PolicyParams(move_cost_ratio=float("inf")))
+    never = make_policy("smetric-inflight", PolicyParams(move_cost_ratio=float("inf")))
     d = never.decide(req(turn=2, est_hit=1000), cluster(w(hit=100), w(), w()))
     assert d.reason == "evicted-fallback"
