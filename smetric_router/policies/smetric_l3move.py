@@ -3,12 +3,12 @@
 delay is least, as a first turn does.
 
 `smetric-inflight` (the default before this) keeps a follow-up on the worker holding its history
-unless staying costs more than MOVE_COST_RATIO x the cheapest move: moving it means prefilling
-that history again elsewhere. With
-a global tier (Mooncake, HiCache's L3) that holds the history, a move fetches it instead, so the
-factor that protects a history no other worker could get back protects only a fetch, and the
-follow-up waits in its holder's queue for it. Here such a follow-up (the global tier holds more than
-HIT_RATIO x its history, the eviction guard's threshold) goes to the worker with the least
+unless staying costs more than MOVE_COST_RATIO x the cheapest move: moving it means prefilling that
+history again elsewhere. With a global tier (Mooncake, HiCache's L3) that holds the history, a move
+fetches it instead, so the factor that protects a history no other worker could get back protects
+only a fetch, and the follow-up waits in its holder's queue for it. Here such a follow-up (the
+global tier holds more than HIT_RATIO x its history, the eviction guard's threshold) goes to the
+worker with the least
 
     unprefilled + (prompt - local hit) x (load + 1)
 
@@ -28,6 +28,8 @@ and on the Mooncake conversation trace with a full tier; over `smetric-inflight`
 and 1.058x at 32 instances (full, 1.6x, no tier), 1.052x at 8 and 1.122x on the Mooncake trace.
 On 8 emulated workers over a real Mooncake store, reading the tier from the workers' L3 KV
 events, 1.037 [0.934-1.091]x the best other router (compare-mooncake-8-quarter-long-l3events.md);
+asking the master as the launcher's Mooncake spec does, 1.084 [1.073-1.101]x `smetric-inflight`
+and 0.959 [0.888-1.027]x `lmetric-inflight` (compare-mooncake-8-quarter-long-default.md);
 on 4 emulated workers without a tier, as `smetric-delay`, level with `smetric-inflight` (0.998x,
 compare-knee-delay.md). Under PD (pd-l3move.md) 0.994x / 0.992x `smetric-inflight` with a full /
 1.6x tier, level within the seeds' spread: there the queued prefill is already the prefill
