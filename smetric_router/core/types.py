@@ -86,6 +86,9 @@ class WorkerView:
         tool calls; a count of requests in flight sees only those mid-request.
     breaker_open: the worker's circuit takes no request now (open, or half-open with its probes
         all in flight; smetric_router/breaker/), though it may pass its health checks.
+    prefill_only: a PD prefill instance: its load is the prompt tokens queued there, and it hands
+        each prompt's KV to a decode instance, so a request waits there for the queue ahead and
+        its own prefill, and its prefill holds up no decoding.
     """
 
     url: str
@@ -100,6 +103,7 @@ class WorkerView:
     unprefilled: int = 0
     breaker_open: bool = False
     recent_tokens: float = 0.0
+    prefill_only: bool = False
 
     @property
     def usable(self) -> bool:

@@ -17,8 +17,20 @@ there; a local hit still counts, since a fetch stalls the batch it is loaded in)
 higher local hit, then the fewest in flight, then the session's home or round-robin. Its holder
 usually wins that comparison: its local hit makes its cost lowest unless its queue outweighs it.
 Every other request, and every request without a global tier or with the tier's state unknown
-(l3_hit None), is `smetric-delay`'s decision, so without a tier the two are the same policy. The
-router waits for the master's answer only where it could change the decision (needs_l3()).
+(l3_hit None), is `smetric-delay`'s decision, so on colocated workers without a tier the two are
+the same policy. The router waits for the master's answer only where it could change the
+decision (needs_l3()).
+
+Under PD, on a prefill instance (WorkerView.prefill_only), the load already is the unprefilled
+tokens, and a prefill holds up no decoding there, so the delay a request meets is the tokens
+queued ahead plus its own prefill. Where the global tier holds none of the prompt (no tier, a
+history it evicted, a new prefix) the price is that sum, load + (prompt - local hit), for first
+turns, both guards and the move alike; where it holds some, the product above, which in the
+simulator spread sessions onto the short queues the fetches make cheap and beat the sum there by
+4-6 % on two seeds of three (pd-token-cost-tried.md). With the sum where nothing is fetchable
+the default went from 0.649 to 1.013 [0.945-1.071]x Bailian under PD without a tier (1.56x its
+previous rule), and from 0.994x / 1.000x to 1.004x the best baseline with a 1.6x / full tier
+(pd-prefill-cost.md).
 
 Measured (modelled; benchmarks/results/l3move.md): in the simulator at 32 instances against the
 better of the two LMetrics per seed 1.039 [1.030-1.056]x with a full global tier and 1.128
@@ -31,16 +43,15 @@ events, 1.037 [0.934-1.091]x the best other router (compare-mooncake-8-quarter-l
 asking the master as the launcher's Mooncake spec does, 1.084 [1.073-1.101]x `smetric-inflight`
 and 0.959 [0.888-1.027]x `lmetric-inflight` (compare-mooncake-8-quarter-long-default.md);
 on 4 emulated workers without a tier, as `smetric-delay`, level with `smetric-inflight` (0.998x,
-compare-knee-delay.md). Under PD (pd-l3move.md) 0.994x / 0.992x `smetric-inflight` with a full /
-1.6x tier, level within the seeds' spread: there the queued prefill is already the prefill
-instances' load, so the rule gains nothing over it.
+compare-knee-delay.md). Under PD, before the sum above (pd-l3move.md), 0.994x / 0.992x
+`smetric-inflight` with a full / 1.6x tier, level within the seeds' spread.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from smetric_router.core.types import ClusterView, Decision, RequestFeatures
+from smetric_router.core.types import ClusterView, Decision, RequestFeatures, WorkerView
 from smetric_router.policies.base import PolicyParams, healthy_or_raise, lowest, register
 from smetric_router.policies.session_home import home
 from smetric_router.policies.smetric import SMetric
@@ -49,6 +60,16 @@ from smetric_router.policies.turn import resolve_turn
 
 # x-smetric-reason of a follow-up that the global tier's copy of its history let move
 L3_MOVE = "l3-move"
+
+
+def cost(worker: WorkerView, features: RequestFeatures) -> float:
+    """The default's price of a worker for the request: `smetric-delay`'s, except on a PD
+    prefill instance while the global tier holds none of the prompt. There the wait is the
+    tokens queued ahead plus the request's own prefill, and that sum is the price (the instance
+    decodes nothing its prefill could hold up); an unknown tier state (None) counts as none."""
+    if worker.prefill_only and not (worker.l3_hit or 0) > 0:
+        return worker.load + max(features.prompt_len - worker.hit, 0)
+    return delay_cost(worker, features)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +85,12 @@ class SMetricL3Move:
         for them the router does not wait for the master."""
         if self.delay.needs_l3(features, view):
             return True
+        if any(w.prefill_only for w in view.workers):
+            # the price itself turns on whether the tier holds any of the prompt: decide for an
+            # answer of none, some, and more than HIT_RATIO x the history
+            held = int(self.params.hit_ratio * features.est_hit) + 1
+            answers = {self.decide(features, _answered(view, l3)) for l3 in (0, 1, held)}
+            return len(answers) > 1
         if not self._follow_up(features, view):
             return False
         return self._move(features, view) != self.delay.decide(features, view)
@@ -82,7 +109,7 @@ class SMetricL3Move:
     def _move(self, features: RequestFeatures, view: ClusterView) -> Decision:
         """Where the follow-up goes when the global tier holds its history."""
         workers = healthy_or_raise(view)
-        least = lowest(workers, [delay_cost(w, features) for w in workers])
+        least = lowest(workers, [self.delay.cost(w, features) for w in workers])
         least = lowest(least, [-w.hit for w in least])
         least = lowest(least, [w.load for w in least])
         hint = features.session_hint
@@ -97,8 +124,15 @@ class SMetricL3Move:
         return bool(held) and max(held) > self.params.hit_ratio * features.est_hit
 
 
+def _answered(view: ClusterView, l3: int) -> ClusterView:
+    """The view as it would be with the master's answer in: l3 for every worker that uses the
+    tier (those whose l3_hit is None while the answer is out)."""
+    workers = tuple(w if w.l3_hit is not None else replace(w, l3_hit=l3) for w in view.workers)
+    return replace(view, workers=workers)
+
+
 def _build(params: PolicyParams, name: str) -> SMetricL3Move:
-    delay = SMetric(params, name=name, cost=delay_cost, first_key=delay_cost)
+    delay = SMetric(params, name=name, cost=cost, first_key=cost)
     return SMetricL3Move(params, delay, name)
 
 

@@ -472,6 +472,7 @@ class Router:
                     breaker_open=not self.registry.takes_requests(w.url),
                     text_match=text_hits.get(w.url, 0),
                     text_tree_size=self.text_tree.size(w.url) if self.text_tree else 0,
+                    prefill_only=self.role is Role.PREFILL,
                 )
             )
         if raised:

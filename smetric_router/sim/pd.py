@@ -14,7 +14,8 @@ builds (router/workers.py, router/pd.py):
   not modelled;
 - running stays None, as in the router's PD views: LMetric then scores by the unprefilled
   tokens (policies/lmetric.py);
-- hit / gpu_hit, turn and est_hit as in the colocated simulator (sim/cluster.py).
+- hit / gpu_hit, turn and est_hit as in the colocated simulator (sim/cluster.py);
+- prefill_only set, as the router sets it for its prefill instances.
 
 Step semantics are the colocated simulator's: a step's effect on the engine applies when it
 starts, what the router observes of it (prefill done) when it ends; requests arriving mid-step
@@ -278,6 +279,7 @@ class PdCluster:
                     gpu_hit=gpu * ps,
                     l3_hit=l3,
                     recent_tokens=self._recent[i].value(now),
+                    prefill_only=True,
                 )
             )
         view = ClusterView(tuple(workers), tick, rng.getrandbits(64))

@@ -22,6 +22,7 @@ def w(
     running: int | None = None,
     unprefilled: int = 0,
     recent: float = 0.0,
+    prefill_only: bool = False,
 ) -> WorkerView:
     return WorkerView(
         url="",
@@ -35,6 +36,7 @@ def w(
         running=running,
         unprefilled=unprefilled,
         recent_tokens=recent,
+        prefill_only=prefill_only,
     )
 
 
@@ -76,10 +78,13 @@ def with_l3(view: ClusterView, l3: int | None) -> ClusterView:
     return replace(view, workers=tuple(replace(x, l3_hit=l3) for x in view.workers))
 
 
-def random_cases(seed: int) -> list[tuple[RequestFeatures, ClusterView]]:
+def random_cases(
+    seed: int, prefill_only: bool = False
+) -> list[tuple[RequestFeatures, ClusterView]]:
     """Seeded random requests and views: clusters of 2-5 workers, each request a first turn or a
     follow-up whose history some worker holds whole, in part or not at all (evicted), or one of
-    unknown turn."""
+    unknown turn. prefill_only: PD prefill instances, their load the tokens queued there (no
+    running batch, no separate unprefilled count), as the router's PD views have it."""
     rng = random.Random(seed)
     out = []
     for tick in range(300):
@@ -87,11 +92,12 @@ def random_cases(seed: int) -> list[tuple[RequestFeatures, ClusterView]]:
         prompt = history + rng.choice((16, 900, 4_000))
         workers = [
             w(
-                load=rng.randrange(0, 12),
+                load=rng.randrange(0, 20_000) if prefill_only else rng.randrange(0, 12),
                 hit=rng.choice((0, history // 4, history // 2, history)),
-                running=rng.choice((None, rng.randrange(0, 8))),
-                unprefilled=rng.choice((0, rng.randrange(0, 20_000))),
+                running=None if prefill_only else rng.choice((None, rng.randrange(0, 8))),
+                unprefilled=0 if prefill_only else rng.choice((0, rng.randrange(0, 20_000))),
                 healthy=rng.random() > 0.1,
+                prefill_only=prefill_only,
             )
             for _ in range(rng.randrange(2, 6))
         ]

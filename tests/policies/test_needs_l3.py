@@ -12,16 +12,19 @@ from tests.policies.builders import cluster, random_cases, req, w, with_l3
 FOLLOW_UP = req(prompt_len=1_700, turn=1, est_hit=800)
 
 
+@pytest.mark.parametrize("prefill_only", [False, True], ids=["colocated", "pd-prefill"])
 @pytest.mark.parametrize("name", policy_names())
-def test_a_decision_that_does_not_need_the_tier_is_the_same_whatever_it_holds(name: str) -> None:
+def test_a_decision_that_does_not_need_the_tier_is_the_same_whatever_it_holds(
+    name: str, prefill_only: bool
+) -> None:
     for params in (PolicyParams(), PolicyParams(l3_aware=True)):
         policy = make_policy(name, params)
-        for f, view in random_cases(seed=len(name)):
+        for f, view in random_cases(seed=len(name), prefill_only=prefill_only):
             asked = with_l3(view, None)
             if policy.needs_l3(f, asked):
                 continue
             without = policy.decide(f, asked)
-            for l3 in (0, f.est_hit // 4, f.est_hit, f.prompt_len):
+            for l3 in (0, 16, f.est_hit // 4, f.est_hit, f.prompt_len):
                 assert policy.decide(f, with_l3(view, l3)) == without, (name, f, view, l3)
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from smetric_router.core.types import ClusterView, RequestFeatures
+from smetric_router.core.types import ClusterView, Decision, RequestFeatures, WorkerView
 from smetric_router.policies import make_policy
+from smetric_router.policies.smetric_delay import delay_cost
+from smetric_router.policies.smetric_l3move import cost
 from tests.policies.builders import (
     assert_follow_ups_match,
     cluster,
@@ -83,7 +85,7 @@ def _views(l3: int | None) -> list[ClusterView]:
     ]
 
 
-def test_without_a_global_tier_every_decision_is_smetric_delays() -> None:
+def test_on_colocated_workers_without_a_global_tier_every_decision_is_smetric_delays() -> None:
     for l3 in (0, None):  # no tier, or its state unknown: never read as holding the history
         views = _views(l3)
         assert_follow_ups_match(L3MOVE, DELAY, views)
@@ -116,3 +118,46 @@ def test_the_default_smetric_is_this_policy_decision_for_decision() -> None:
             tiered = with_l3(view, l3)
             assert default.decide(f, tiered) == L3MOVE.decide(f, tiered), (f, tiered)
             assert default.needs_l3(f, tiered) == L3MOVE.needs_l3(f, tiered)
+
+
+def test_on_colocated_workers_the_price_is_smetric_delays_whatever_the_tier_holds() -> None:
+    for f, view in random_cases(seed=5):
+        for l3 in (None, 0, f.est_hit, f.prompt_len):
+            for x in with_l3(view, l3).workers:
+                assert cost(x, f) == delay_cost(x, f), (f, x)
+
+
+def pd(load: float, hit: int = 0, l3: int | None = 0) -> WorkerView:
+    """A PD prefill instance: its load is the prompt tokens queued there."""
+    return w(load=load, hit=hit, l3=l3, prefill_only=True)
+
+
+def test_on_prefill_instances_without_the_tier_a_first_turn_goes_where_it_waits_least() -> None:
+    # a 3,000-token template of a 4,000-token prompt; its holder has 1,000 tokens queued, so the
+    # request waits 1,000 + 1,000 there against 4,000 on the idle instance
+    first = req(prompt_len=4_000, turn=0)
+    view = cluster(pd(1_000, hit=3_000), pd(0))
+    assert L3MOVE.decide(first, view) == Decision("w0", "first-turn-balance")
+    # smetric-delay's product, 1,000 x 1,001 against 4,000 x 1, sends it to the idle instance
+    assert DELAY.decide(first, view).worker == "w1"
+    # ... and so does the default once the global tier holds the template, which w1 then fetches
+    assert L3MOVE.decide(first, with_l3(view, 3_000)).worker == "w1"
+
+
+def test_on_prefill_instances_without_the_tier_a_follow_up_leaves_only_a_longer_wait() -> None:
+    # 16,000 tokens of history and 1,000 new: the holder's 20,000 queued tokens make a wait of
+    # 21,000 there against 17,000 on the idle instance, within twice it: the follow-up stays
+    f = req(prompt_len=17_000, turn=1, est_hit=16_000)
+    assert L3MOVE.decide(f, cluster(pd(20_000, hit=16_000), pd(0))) == Decision("w0", "sticky")
+    # smetric-delay's product (1,000 x 20,001 against 17,000) moves it and recomputes 16,000
+    assert DELAY.decide(f, cluster(pd(20_000, hit=16_000), pd(0))).reason == "overload-fallback"
+    # 40,000 queued: 41,000 is more than twice 17,000
+    moved = L3MOVE.decide(f, cluster(pd(40_000, hit=16_000), pd(0)))
+    assert moved == Decision("w1", "overload-fallback")
+
+
+def test_on_prefill_instances_the_router_waits_for_the_tier_where_its_answer_decides() -> None:
+    first = req(prompt_len=4_000, turn=0)
+    assert L3MOVE.needs_l3(first, with_l3(cluster(pd(1_000, hit=3_000), pd(0)), None))
+    # two idle instances that hold nothing: the same choice whatever the tier holds
+    assert not L3MOVE.needs_l3(first, with_l3(cluster(pd(0), pd(0)), None))

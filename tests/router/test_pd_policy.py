@@ -60,6 +60,33 @@ async def test_follow_up_sticks_to_its_sessions_prefill_instance(
     assert len(holder.bodies) >= 3 and d.bodies[0]["bootstrap_port"] == holder.bootstrap_port
 
 
+async def test_without_a_tier_a_follow_up_leaves_its_prefill_only_for_a_shorter_wait(
+    make_worker: MakeWorker, make_router: MakeRouter, codec: Any
+) -> None:
+    """The default prices a prefill instance without the global tier by the wait there: the
+    tokens queued plus the request's own prefill. A holder whose queue (another router's, from
+    its report) is as long as the whole prompt keeps the follow-up, since elsewhere it would
+    recompute its history; three times as long, and it goes."""
+    index = KvIndex()
+    ps, _, router = await start(
+        make_worker, make_router, 2, hits=index, load_poll_interval_secs=0.05
+    )
+    holder, other = ps
+    features = FeatureExtractor(codec, page_size=16).from_chat(FOLLOW_UP)
+    store(index, holder.url, list(features.page_hashes[: features.est_hit // 16]), 16)
+    worker = router.state.registry.workers[holder.url]
+    async with aiohttp.ClientSession() as s:
+        for queued, expected in (
+            (1, (holder.url, "sticky")),
+            (3, (other.url, "overload-fallback")),
+        ):
+            holder.waiting_uncached = queued * features.prompt_len
+            await eventually(
+                lambda: worker.reported_load == holder.waiting_uncached, "the holder's report"
+            )
+            assert await chat(s, router.url, FOLLOW_UP) == expected
+
+
 async def flood(
     s: aiohttp.ClientSession, url: str, stalled: FakePrefill, other: FakePrefill
 ) -> list[asyncio.Task[tuple[str, str]]]:
