@@ -9,7 +9,7 @@ Invariants (see policies/NOTES.md):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 
@@ -129,6 +129,12 @@ class ClusterView:
 
     def worker(self, url: str) -> WorkerView | None:
         return next((w for w in self.workers if w.url == url), None)
+
+    def answered(self, l3: int | None) -> ClusterView:
+        """The view with the global tier's answer in: l3 for every worker that uses the tier
+        (those whose l3_hit is None while the answer is out), the others as they are."""
+        workers = tuple(replace(w, l3_hit=l3) if w.l3_hit is None else w for w in self.workers)
+        return replace(self, workers=workers)
 
 
 @dataclass(frozen=True, slots=True)

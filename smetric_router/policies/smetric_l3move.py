@@ -49,7 +49,7 @@ compare-knee-delay.md). Under PD, before the sum above (pd-l3move.md), 0.994x / 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures, WorkerView
 from smetric_router.policies.base import PolicyParams, healthy_or_raise, lowest, register
@@ -89,7 +89,7 @@ class SMetricL3Move:
             # the price itself turns on whether the tier holds any of the prompt: decide for an
             # answer of none, some, and more than HIT_RATIO x the history
             held = int(self.params.hit_ratio * features.est_hit) + 1
-            answers = {self.decide(features, _answered(view, l3)) for l3 in (0, 1, held)}
+            answers = {self.decide(features, view.answered(l3)) for l3 in (0, 1, held)}
             return len(answers) > 1
         if not self._follow_up(features, view):
             return False
@@ -122,13 +122,6 @@ class SMetricL3Move:
         state (None) is never read as holding it."""
         held = [w.l3_hit for w in view.workers if w.l3_hit is not None]
         return bool(held) and max(held) > self.params.hit_ratio * features.est_hit
-
-
-def _answered(view: ClusterView, l3: int) -> ClusterView:
-    """The view as it would be with the master's answer in: l3 for every worker that uses the
-    tier (those whose l3_hit is None while the answer is out)."""
-    workers = tuple(w if w.l3_hit is not None else replace(w, l3_hit=l3) for w in view.workers)
-    return replace(view, workers=workers)
 
 
 def _build(params: PolicyParams, name: str) -> SMetricL3Move:

@@ -313,10 +313,7 @@ class Router:
         if routed.l3 is None:
             return routed
         l3 = await asyncio.shield(routed.l3)  # a request cancelled meanwhile leaves it running
-        workers = tuple(
-            replace(w, l3_hit=l3) if w.l3_hit is None else w for w in routed.view.workers
-        )
-        settled = Routed(routed.features, replace(routed.view, workers=workers), routed.decision)
+        settled = Routed(routed.features, routed.view.answered(l3), routed.decision)
         self._count_prefix(settled.view, settled.decision)
         return settled
 
