@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from smetric_router.core.types import ClusterView, Decision, RequestFeatures
-from smetric_router.policies import Policy, make_policy
+from smetric_router.policies import make_policy
 from smetric_router.sim.__main__ import main
 from smetric_router.sim.cluster import RequestRecord
 from smetric_router.sim.config import SimConfig, Slo
@@ -22,6 +21,7 @@ from smetric_router.sim.pd import (
 )
 from smetric_router.sim.report import document
 from smetric_router.traces.schema import TraceRequest
+from tests.helpers.policies import ViewRecorder
 
 BS = 16
 
@@ -103,26 +103,9 @@ def test_unprefilled_tokens_steer_first_turns_away_and_recover_when_drained() ->
     assert [r.instance for r in _run("load_balance", trace, 2).records][:3] == [0, 1, 1]
 
 
-@dataclass(frozen=True)
-class _Recording:
-    """The default policy, keeping every view it is asked to decide on."""
-
-    inner: Policy
-    views: list[ClusterView]
-    name: str = "smetric"
-    uses_text_tree: bool = False
-
-    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
-        return self.inner.needs_l3(features, view)
-
-    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
-        self.views.append(view)
-        return self.inner.decide(features, view)
-
-
 def test_prefill_instances_are_shown_as_the_routers_pd_views_show_them() -> None:
     cfg = _cfg(2)
-    policy = _Recording(make_policy("smetric", cfg.params), [])
+    policy = ViewRecorder(make_policy("smetric", cfg.params))
     trace = [_req("a", 0.0, "a", 0, _blocks(1, 64)), _req("b", 0.001, "b", 0, _blocks(2, 64))]
     PdCluster(cfg, policy, math.inf).run(trace)
     workers = [x for view in policy.views for x in view.workers]

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from smetric_router.core.decay import RECENT_HALF_LIFE_S
-from smetric_router.core.types import ClusterView, Decision, RequestFeatures
 from smetric_router.engine.global_tier import GlobalTier
 from smetric_router.engine.timing import TimingModel
 from smetric_router.policies import make_policy
@@ -21,6 +20,7 @@ from smetric_router.sim.config import SimConfig
 from smetric_router.sim.tiers import Tiers, prefetch_timeout_s
 from smetric_router.traces.loaders import with_carried_history
 from smetric_router.traces.schema import TraceRequest
+from tests.helpers.policies import ViewRecorder
 from tests.sim.test_sim import _write
 
 TIMING = TimingModel.load("h20-qwen3-coder-30b-a3b")
@@ -341,32 +341,13 @@ def test_cli_tier_flags_reach_the_rows(tmp_path: Path) -> None:
     assert main([*argv, "--nics-per-server", "0"]) == 2
 
 
-class _Recorder:
-    """Round robin that keeps every (hit, gpu_hit) it was shown."""
-
-    name = "recorder"
-    uses_text_tree = False
-
-    def __init__(self) -> None:
-        self.inner = make_policy("round_robin")
-        self.seen: list[tuple[int, int]] = []
-
-    def needs_l3(self, features: RequestFeatures, view: ClusterView) -> bool:
-        return False
-
-    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
-        self.seen += [(w.hit, w.gpu_hit) for w in view.workers]
-        return self.inner.decide(features, view)
+def _recorder() -> ViewRecorder:
+    return ViewRecorder(make_policy("round_robin"))
 
 
-class _L3Recorder(_Recorder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.l3: list[int | None] = []
-
-    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
-        self.l3 += [w.l3_hit for w in view.workers]
-        return super().decide(features, view)
+def _seen(rec: ViewRecorder) -> list[tuple[int, int]]:
+    """Every (hit, gpu_hit) the policy was shown, worker by worker, decision by decision."""
+    return [(w.hit, w.gpu_hit) for view in rec.views for w in view.workers]
 
 
 @pytest.mark.parametrize("ratio", [0.0, math.inf])
@@ -374,25 +355,16 @@ def test_the_policies_see_what_the_global_tier_holds_as_the_router_would(ratio: 
     # one GPU that holds ~1.5 prompts: the follow-ups' histories are gone from it by the time
     # they come back, and with a global tier the master still holds them
     cfg = SimConfig(instances=2, gpu_kv_tokens=1200, tier_mode="paper")
-    rec = _L3Recorder()
+    rec = _recorder()
     cluster.Cluster(cfg, rec, ratio).run(_trace(4, 3))
-    assert len(rec.l3) == 2 * 12
-    pairs = list(zip(rec.l3[::2], rec.l3[1::2], strict=True))
+    l3s = [w.l3_hit for view in rec.views for w in view.workers]
+    assert len(l3s) == 2 * 12
+    pairs = list(zip(l3s[::2], l3s[1::2], strict=True))
     assert all(a == b for a, b in pairs)  # one store: the same figure for every worker
     if ratio == 0:
-        assert set(rec.l3) == {0}
+        assert set(l3s) == {0}
     else:
-        assert any(l3 and l3 > hit for l3, (hit, _) in zip(rec.l3, rec.seen, strict=True))
-
-
-class _RecentRecorder(_Recorder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.recent: list[tuple[float, ...]] = []
-
-    def decide(self, features: RequestFeatures, view: ClusterView) -> Decision:
-        self.recent.append(tuple(w.recent_tokens for w in view.workers))
-        return super().decide(features, view)
+        assert any(l3 and l3 > hit for l3, (hit, _) in zip(l3s, _seen(rec), strict=True))
 
 
 def test_the_policies_see_the_new_tokens_sent_to_each_instance_lately() -> None:
@@ -405,10 +377,11 @@ def test_the_policies_see_the_new_tokens_sent_to_each_instance_lately() -> None:
         )
         for k in range(3)
     ]  # fmt: skip
-    rec = _RecentRecorder()
+    rec = _recorder()
     cluster.Cluster(SimConfig(instances=2), rec, 0.0).run(with_carried_history(reqs))
     half, quarter = pytest.approx(64 * PS / 2), pytest.approx(64 * PS / 4)
-    assert rec.recent == [(0.0, 0.0), (half, 0.0), (quarter, half)]
+    recent = [tuple(w.recent_tokens for w in view.workers) for view in rec.views]
+    assert recent == [(0.0, 0.0), (half, 0.0), (quarter, half)]
 
 
 @pytest.mark.parametrize("tier_mode", ["paper", "hicache"])
@@ -416,10 +389,11 @@ def test_the_policies_hit_is_the_local_tier_of_the_mode(tier_mode: str) -> None:
     # one instance whose GPU holds ~1.5 prompts: older sessions' pages go to the host tier,
     # where only hicache keeps them (and the policies see them as local hits)
     cfg = SimConfig(instances=1, gpu_kv_tokens=1200, host_kv_tokens=1 << 16, tier_mode=tier_mode)
-    rec = _Recorder()
+    rec = _recorder()
     cluster.Cluster(cfg, rec, 0.0).run(_trace(4, 3))
-    assert rec.seen
+    seen = _seen(rec)
+    assert seen
     if tier_mode == "paper":
-        assert all(hit == gpu for hit, gpu in rec.seen)
+        assert all(hit == gpu for hit, gpu in seen)
     else:
-        assert any(hit > gpu for hit, gpu in rec.seen)
+        assert any(hit > gpu for hit, gpu in seen)
