@@ -1122,10 +1122,12 @@ def session_hints() -> None:
     ax.set_ylabel("TPS within SLO, hints on vs off (%)")
     ax.tick_params(axis="x", labelsize=7)
     body = [
-        "What reading an agent's session id as a hint changes in `smetric` (policies/smetric.py: "
-        "the session's rendezvous home breaks ties: among the least loaded for a first "
-        "request, among equal holders, and among the cheapest moves for a follow-up a guard "
-        "sends away, reason `session-hint-fallback`). The simulator passes the trace's "
+        "What reading an agent's session id as a hint changes in the default `smetric` "
+        "(policies/smetric.py, smetric_l3move.py: the session's rendezvous home breaks ties: "
+        "among the cheapest workers for a first request, among equal holders, among the "
+        "cheapest moves for a follow-up a guard sends away, reason `session-hint-fallback`, and "
+        "among the cheapest workers for a follow-up the global tier lets move). The simulator "
+        "passes the trace's "
         "session id as the hint (`--session-hints`); one router replica, so the agreement "
         "between router replicas the hint also buys is not measured here. Off → on, mean "
         "[min–max] over the trace seeds; the gain is taken per seed:",
