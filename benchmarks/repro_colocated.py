@@ -393,11 +393,17 @@ def best_specs() -> list[Spec]:
     return [Spec(p, r, g, s) for g in RATIOS for p in POLICIES for s in SEEDS[1:] for r in SWEEP]
 
 
+def against_best(ratio: float, seed: int, **kw: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """SMetric's best row, the best baseline's, and which baseline that is."""
+    rows = {p: best(p, ratio, seed, **kw) for p in ("smetric", *BASELINES)}
+    top = max(BASELINES, key=lambda p: rows[p]["tps_within_slo"])
+    return rows["smetric"], rows[top], top
+
+
 def lead(ratio: float, seed: int, **kw: Any) -> tuple[float, str]:
     """SMetric's max TPS within SLO over the best baseline's, and which baseline that is."""
-    cells = {p: best(p, ratio, seed, **kw)["tps_within_slo"] for p in POLICIES}
-    top = max(BASELINES, key=lambda p: cells[p])
-    return cells["smetric"] / cells[top], top
+    mine, theirs, top = against_best(ratio, seed, **kw)
+    return mine["tps_within_slo"] / theirs["tps_within_slo"], top
 
 
 # --- output helpers --------------------------------------------------------------------------
@@ -1231,13 +1237,8 @@ def sampling() -> None:
     }  # fmt: skip
 
     def leads(g: float) -> tuple[Spread, str]:
-        ratios, tops = [], []
-        for k in SAMPLES:
-            b = max(BASELINES, key=lambda p: top[(p, g, k)]["tps_within_slo"])
-            mine = top[("smetric", g, k)]["tps_within_slo"]
-            ratios.append(mine / top[(b, g, k)]["tps_within_slo"])
-            tops.append(b)
-        return spread(ratios), "/".join(dict.fromkeys(tops))
+        pairs = [lead(g, SEEDS[0], sample=k) for k in SAMPLES]
+        return spread(x for x, _ in pairs), "/".join(dict.fromkeys(t for _, t in pairs))
 
     head = ("policy", *[f"global {gx(g)}" for g in RATIOS])
     rows = [
@@ -1293,12 +1294,7 @@ def sampling_seeds_specs() -> list[Spec]:
 def sampling_seeds() -> None:
     """The full-tier headline cell with the rate set the paper's way on every trace seed."""
     allrows = runs(sampling_seeds_specs())
-    cells = []
-    for t, k in _seed_samples():
-        tops = {p: best(p, math.inf, t, sample=k) for p in ("smetric", *BASELINES)}
-        b = max(BASELINES, key=lambda p: tops[p]["tps_within_slo"])
-        mine, theirs = tops["smetric"], tops[b]
-        cells.append((t, k, mine, theirs, b))
+    cells = [(t, k, *against_best(math.inf, t, sample=k)) for t, k in _seed_samples()]
     table = [
         (
             f"{t} / {k}",
