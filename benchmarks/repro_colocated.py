@@ -382,10 +382,12 @@ def peak(sweep: Sequence[Spec]) -> dict[str, Any]:
     return max(runs(sweep), key=lambda x: x["tps_within_slo"])
 
 
-def best(policy: str, ratio: float, seed: int, **kw: Any) -> dict[str, Any]:
+def best(
+    policy: str, ratio: float, seed: int, sweep: Sequence[float] = SWEEP, **kw: Any
+) -> dict[str, Any]:
     """The policy's row with the max TPS within SLO over the rate sweep at this provisioning on
     this seed."""
-    return peak([Spec(policy, r, ratio, seed, **kw) for r in SWEEP])
+    return peak([Spec(policy, r, ratio, seed, **kw) for r in sweep])
 
 
 def best_specs() -> list[Spec]:
@@ -394,7 +396,8 @@ def best_specs() -> list[Spec]:
 
 
 def against_best(ratio: float, seed: int, **kw: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """SMetric's best row, the best baseline's, and which baseline that is."""
+    """SMetric's best row, the best baseline's, and which baseline that is (keywords: best()'s
+    sweep, then Spec's fields)."""
     rows = {p: best(p, ratio, seed, **kw) for p in ("smetric", *BASELINES)}
     top = max(BASELINES, key=lambda p: rows[p]["tps_within_slo"])
     return rows["smetric"], rows[top], top
@@ -1282,13 +1285,19 @@ def _seed_samples() -> list[tuple[int, int]]:
     return [(t, k) for t in SEEDS for k in SAMPLES]
 
 
-def sampling_seeds_specs() -> list[Spec]:
+def full_tier_specs(cells: Sequence[tuple[int, int]], sweep: Sequence[float]) -> list[Spec]:
+    """The full-tier headline cell's runs, the default and every baseline, in each (trace seed,
+    session sample; 0: time stretched) over the sweep."""
     return [
         Spec(p, r, math.inf, t, sample=k)
-        for t, k in _seed_samples()
+        for t, k in cells
         for p in ("smetric", *BASELINES)
-        for r in SWEEP
+        for r in sweep
     ]
+
+
+def sampling_seeds_specs() -> list[Spec]:
+    return full_tier_specs(_seed_samples(), SWEEP)
 
 
 def sampling_seeds() -> None:
@@ -1335,6 +1344,79 @@ def sampling_seeds() -> None:
         body,
         allrows,
     )
+
+
+# The fine-sweep figure: the full-tier headline cell with the knee between the sweep's points
+FINE = (1.0, 1.5, 1.75, 2.0, 2.25, 2.5)  # x BASE_RATE: SWEEP with the points around every knee
+
+
+def _fine_cells() -> list[tuple[int, int]]:
+    """(trace seed, session sample; 0: time stretched) of the fine-sweep figure."""
+    return [(t, 0) for t in SEEDS] + _seed_samples()
+
+
+def fine_sweep_specs() -> list[Spec]:
+    return full_tier_specs(_fine_cells(), FINE)
+
+
+def fine_sweep() -> None:
+    """Every policy's max TPS within SLO on SWEEP with the points 1.75x and 2.25x added: each
+    policy's knee lies somewhere between two sweep points, so a ratio of two maxima on the
+    coarse sweep moves with where those points fall, not only with the policies."""
+    allrows = runs(fine_sweep_specs())
+    cells = [
+        (t, k, against_best(math.inf, t, sample=k), against_best(math.inf, t, sweep=FINE, sample=k))
+        for t, k in _fine_cells()
+    ]
+
+    def ratio(cell: tuple[dict[str, Any], dict[str, Any], str]) -> float:
+        return float(cell[0]["tps_within_slo"] / cell[1]["tps_within_slo"])
+
+    table = [
+        (
+            f"{t} / {k or 'stretched'}",
+            f"{fine[0]['tps_within_slo']:,.0f} @{fine[0]['x_rate']:g}x",
+            f"{fine[1]['tps_within_slo']:,.0f} @{fine[1]['x_rate']:g}x ({fine[2]})",
+            f"{ratio(fine):.3f}",
+            f"{ratio(coarse):.3f}",
+        )
+        for t, k, coarse, fine in cells
+    ]
+
+    def per_seed(sampled: bool, which: int) -> dict[int, float]:
+        return {
+            t: spread(ratio(c[which]) for u, k, *c in cells if u == t and bool(k) == sampled).mean
+            for t in SEEDS
+        }
+
+    lines = []
+    for sampled, how in ((False, "time stretched"), (True, "sessions sampled (mean of samples)")):
+        fine, coarse = per_seed(sampled, 1), per_seed(sampled, 0)
+        lines.append(
+            f"- {how}: {spread(fine.values()).fmt()} on the fine sweep ("
+            + ", ".join(f"seed {t} {x:.3f}" for t, x in fine.items())
+            + f"), {spread(coarse.values()).fmt()} on the study's sweep."
+        )
+    body = [
+        "The full-tier headline cell (paper mode, 32 instances), every policy's max TPS within "
+        f"SLO over the sweep {', '.join(f'{r:g}' for r in FINE)} x {BASE_RATE} x the trace's rate "
+        f"(the study's sweep {', '.join(f'{r:g}' for r in SWEEP)} with the points between the "
+        "knees), the rate set by stretching time on every seed and by sampling sessions at "
+        f"their original timing (session samples {', '.join(map(str, SAMPLES))} of every seed). "
+        "The best baseline among "
+        f"{', '.join(f'`{p}`' for p in BASELINES)}; the last column is the same ratio on the "
+        "study's sweep (fig11.md, sampling_seeds.md):",
+        "",
+        *md_table(
+            ("seed / sample", "smetric", "best baseline", "ratio (fine)", "ratio (study's sweep)"),
+            table,
+        ),
+        "",
+        "smetric / best baseline per seed:",
+        "",
+        *lines,
+    ]
+    write("fine_sweep", "The full-tier cell on a finer rate sweep", body, allrows)
 
 
 # The scale figure: SMetric's guards at 8 instances, and on the Mooncake conversation trace
@@ -2239,6 +2321,7 @@ FIGS: dict[str, Figure] = {
     "session_hints": Figure(session_hints, hints_specs),
     "sampling": Figure(sampling, sampling_specs),
     "sampling_seeds": Figure(sampling_seeds, sampling_seeds_specs),
+    "fine_sweep": Figure(fine_sweep, fine_sweep_specs),
     "scale": Figure(scale, scale_specs),
     "first_turn": Figure(first_turn, first_turn_specs),
     "follow_ups": Figure(follow_ups, follow_ups_specs),

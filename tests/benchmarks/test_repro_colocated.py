@@ -177,6 +177,7 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
     monkeypatch.setattr(rc, "MOONCAKE_SWEEP", (1.0,))
     monkeypatch.setattr(rc, "FU_SWEEPS", {"trace": (1.0,), "on-reply": (1.0,)})
     monkeypatch.setattr(rc, "FINE_SWEEP", (1.0, 1.5))
+    monkeypatch.setattr(rc, "FINE", (1.0, 1.5, 2.0))  # the sweep with a point between its two
     mooncake = tmp_path / "mooncake.jsonl"
     lines = []
     for i in range(12):  # 4 sessions of 3 turns, each turn extending the last
@@ -196,6 +197,8 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
     acc = (tmp_path / "results" / "acceptance.md").read_text()
     assert "load_balance local hit share, no global tier" in acc
     assert "[" in acc  # two seeds: a range beside the mean
+    fine = (tmp_path / "results" / "fine_sweep.md").read_text()
+    assert "| 2 / stretched |" in fine and "| 2 / 2 |" in fine  # every seed, both ways
     rows = [f for f in (tmp_path / "cache").iterdir() if f.suffix == ".json"]
     assert rows
     # rerunning reads the cache: no new run
