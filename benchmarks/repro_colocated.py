@@ -395,7 +395,10 @@ def best_specs() -> list[Spec]:
     return [Spec(p, r, g, s) for g in RATIOS for p in POLICIES for s in SEEDS[1:] for r in SWEEP]
 
 
-def against_best(ratio: float, seed: int, **kw: Any) -> tuple[dict[str, Any], dict[str, Any], str]:
+Versus = tuple[dict[str, Any], dict[str, Any], str]  # SMetric's row, the best baseline's, its name
+
+
+def against_best(ratio: float, seed: int, **kw: Any) -> Versus:
     """SMetric's best row, the best baseline's, and which baseline that is (keywords: best()'s
     sweep, then Spec's fields)."""
     rows = {p: best(p, ratio, seed, **kw) for p in ("smetric", *BASELINES)}
@@ -403,10 +406,20 @@ def against_best(ratio: float, seed: int, **kw: Any) -> tuple[dict[str, Any], di
     return rows["smetric"], rows[top], top
 
 
+def over(cell: Versus) -> float:
+    """SMetric's max TPS within SLO over the best baseline's, of against_best()'s answer."""
+    return float(cell[0]["tps_within_slo"] / cell[1]["tps_within_slo"])
+
+
 def lead(ratio: float, seed: int, **kw: Any) -> tuple[float, str]:
     """SMetric's max TPS within SLO over the best baseline's, and which baseline that is."""
-    mine, theirs, top = against_best(ratio, seed, **kw)
-    return mine["tps_within_slo"] / theirs["tps_within_slo"], top
+    cell = against_best(ratio, seed, **kw)
+    return over(cell), cell[2]
+
+
+def peak_at(row: dict[str, Any]) -> str:
+    """A best row's TPS within SLO and the rate it was reached at."""
+    return f"{row['tps_within_slo']:,.0f} @{row['x_rate']:g}x"
 
 
 # --- output helpers --------------------------------------------------------------------------
@@ -1303,24 +1316,20 @@ def sampling_seeds_specs() -> list[Spec]:
 def sampling_seeds() -> None:
     """The full-tier headline cell with the rate set the paper's way on every trace seed."""
     allrows = runs(sampling_seeds_specs())
-    cells = [(t, k, *against_best(math.inf, t, sample=k)) for t, k in _seed_samples()]
+    cells = {(t, k): against_best(math.inf, t, sample=k) for t, k in _seed_samples()}
+    ratios = {c: over(v) for c, v in cells.items()}
     table = [
         (
             f"{t} / {k}",
-            f"{mine['tps_within_slo']:,.0f} @{mine['x_rate']:g}x",
-            f"{theirs['tps_within_slo']:,.0f} @{theirs['x_rate']:g}x ({b})",
-            f"{mine['tps_within_slo'] / theirs['tps_within_slo']:.3f}",
+            peak_at(mine),
+            f"{peak_at(theirs)} ({b})",
+            f"{ratios[(t, k)]:.3f}",
             pct(mine["local_hit_ratio"]),
             pct(mine["followup_stickiness"]),
         )
-        for t, k, mine, theirs, b in cells
+        for (t, k), (mine, theirs, b) in cells.items()
     ]
-    per_seed = {
-        t: spread(
-            m["tps_within_slo"] / o["tps_within_slo"] for u, _, m, o, _ in cells if u == t
-        ).mean
-        for t in SEEDS
-    }
+    per_seed = {t: spread(x for (u, _), x in ratios.items() if u == t).mean for t in SEEDS}
     body = [
         "The full-tier headline cell (paper mode, 32 instances) with the rate set the paper's way "
         "on every trace seed: each run keeps the fraction "
@@ -1364,37 +1373,33 @@ def fine_sweep() -> None:
     policy's knee lies somewhere between two sweep points, so a ratio of two maxima on the
     coarse sweep moves with where those points fall, not only with the policies."""
     allrows = runs(fine_sweep_specs())
-    cells = [
-        (t, k, against_best(math.inf, t, sample=k), against_best(math.inf, t, sweep=FINE, sample=k))
-        for t, k in _fine_cells()
-    ]
-
-    def ratio(cell: tuple[dict[str, Any], dict[str, Any], str]) -> float:
-        return float(cell[0]["tps_within_slo"] / cell[1]["tps_within_slo"])
-
+    fine = {(t, k): against_best(math.inf, t, sweep=FINE, sample=k) for t, k in _fine_cells()}
+    ratios = {c: over(v) for c, v in fine.items()}
+    study = {(t, k): over(against_best(math.inf, t, sample=k)) for t, k in fine}
     table = [
         (
             f"{t} / {k or 'stretched'}",
-            f"{fine[0]['tps_within_slo']:,.0f} @{fine[0]['x_rate']:g}x",
-            f"{fine[1]['tps_within_slo']:,.0f} @{fine[1]['x_rate']:g}x ({fine[2]})",
-            f"{ratio(fine):.3f}",
-            f"{ratio(coarse):.3f}",
+            peak_at(mine),
+            f"{peak_at(theirs)} ({b})",
+            f"{ratios[(t, k)]:.3f}",
+            f"{study[(t, k)]:.3f}",
         )
-        for t, k, coarse, fine in cells
+        for (t, k), (mine, theirs, b) in fine.items()
     ]
 
-    def per_seed(sampled: bool, which: int) -> dict[int, float]:
+    def per_seed(cell_ratios: dict[tuple[int, int], float], sampled: bool) -> dict[int, float]:
+        """Each seed's mean ratio over its cells, the time-stretched one or the sampled ones."""
         return {
-            t: spread(ratio(c[which]) for u, k, *c in cells if u == t and bool(k) == sampled).mean
+            t: spread(x for (u, k), x in cell_ratios.items() if u == t and bool(k) == sampled).mean
             for t in SEEDS
         }
 
     lines = []
     for sampled, how in ((False, "time stretched"), (True, "sessions sampled (mean of samples)")):
-        fine, coarse = per_seed(sampled, 1), per_seed(sampled, 0)
+        by_seed, coarse = per_seed(ratios, sampled), per_seed(study, sampled)
         lines.append(
-            f"- {how}: {spread(fine.values()).fmt()} on the fine sweep ("
-            + ", ".join(f"seed {t} {x:.3f}" for t, x in fine.items())
+            f"- {how}: {spread(by_seed.values()).fmt()} on the fine sweep ("
+            + ", ".join(f"seed {t} {x:.3f}" for t, x in by_seed.items())
             + f"), {spread(coarse.values()).fmt()} on the study's sweep."
         )
     body = [
