@@ -1355,8 +1355,9 @@ def sampling_seeds() -> None:
     )
 
 
-# The fine-sweep figure: the full-tier headline cell with the knee between the sweep's points
-FINE = (1.0, 1.5, 1.75, 2.0, 2.25, 2.5)  # x BASE_RATE: SWEEP with the points around every knee
+# The fine-sweep figure: the full-tier headline cell with the knee between the sweep's points;
+# x BASE_RATE, the study's SWEEP with the points around every knee
+KNEE_SWEEP = (1.0, 1.5, 1.75, 2.0, 2.25, 2.5)
 
 
 def _fine_cells() -> list[tuple[int, int]]:
@@ -1365,7 +1366,7 @@ def _fine_cells() -> list[tuple[int, int]]:
 
 
 def fine_sweep_specs() -> list[Spec]:
-    return full_tier_specs(_fine_cells(), FINE)
+    return full_tier_specs(_fine_cells(), KNEE_SWEEP)
 
 
 def fine_sweep() -> None:
@@ -1373,7 +1374,7 @@ def fine_sweep() -> None:
     policy's knee lies somewhere between two sweep points, so a ratio of two maxima on the
     coarse sweep moves with where those points fall, not only with the policies."""
     allrows = runs(fine_sweep_specs())
-    fine = {(t, k): against_best(math.inf, t, sweep=FINE, sample=k) for t, k in _fine_cells()}
+    fine = {(t, k): against_best(math.inf, t, sweep=KNEE_SWEEP, sample=k) for t, k in _fine_cells()}
     ratios = {c: over(v) for c, v in fine.items()}
     study = {(t, k): over(against_best(math.inf, t, sample=k)) for t, k in fine}
     table = [
@@ -1404,11 +1405,11 @@ def fine_sweep() -> None:
         )
     body = [
         "The full-tier headline cell (paper mode, 32 instances), every policy's max TPS within "
-        f"SLO over the sweep {', '.join(f'{r:g}' for r in FINE)} x {BASE_RATE} x the trace's rate "
-        f"(the study's sweep {', '.join(f'{r:g}' for r in SWEEP)} with the points between the "
-        "knees), the rate set by stretching time on every seed and by sampling sessions at "
-        f"their original timing (session samples {', '.join(map(str, SAMPLES))} of every seed). "
-        "The best baseline among "
+        f"SLO over the sweep {', '.join(f'{r:g}' for r in KNEE_SWEEP)} x {BASE_RATE} x the "
+        f"trace's rate (the study's sweep {', '.join(f'{r:g}' for r in SWEEP)} with the points "
+        "between the knees), the rate set by stretching time on every seed and by sampling "
+        f"sessions at their original timing (session samples {', '.join(map(str, SAMPLES))} of "
+        "every seed). The best baseline among "
         f"{', '.join(f'`{p}`' for p in BASELINES)}; the last column is the same ratio on the "
         "study's sweep (fig11.md, sampling_seeds.md):",
         "",

@@ -177,7 +177,7 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
     monkeypatch.setattr(rc, "MOONCAKE_SWEEP", (1.0,))
     monkeypatch.setattr(rc, "FU_SWEEPS", {"trace": (1.0,), "on-reply": (1.0,)})
     monkeypatch.setattr(rc, "FINE_SWEEP", (1.0, 1.5))
-    monkeypatch.setattr(rc, "FINE", (1.0, 1.5, 2.0))  # the sweep with a point between its two
+    monkeypatch.setattr(rc, "KNEE_SWEEP", (1.0, 1.5, 2.0))  # the sweep with a point between its two
     mooncake = tmp_path / "mooncake.jsonl"
     lines = []
     for i in range(12):  # 4 sessions of 3 turns, each turn extending the last
