@@ -32,7 +32,8 @@ render with the model's template, so a router whose prompt is not the worker's l
 
 Per run it also reads the workers' /metrics (prompt and cached token counters: the cached share of
 prompt tokens whatever the router forwards) and, for smetric-router, the router's decision counter
-(stickiness = sticky follow-ups / follow-ups). Writes benchmarks/results/compare[-TAG].md, the
+(stickiness = sticky follow-ups / follow-ups); from bench_serving's per-request records, the TTFT
+of first turns and of follow-ups apart. Writes benchmarks/results/compare[-TAG].md, the
 goodput-vs-rate and TTFT-CDF PNGs beside it, and keeps the runs' JSONL under --work-dir.
 
 Emulated workers model an H20's timing in real time on this machine's CPUs: the numbers are
@@ -221,11 +222,11 @@ class Run:
                 "decide_stages_ms": self.decide_stages_ms,
                 "l3_lookups": self.l3_lookups}  # fmt: skip
 
-    def _conversations(self, lens: list[int]) -> list[range] | None:
+    def _conversations(self, per_request: Sequence[object]) -> list[range] | None:
         """Each conversation's rounds as indices into bench_serving's per-request lists (its
         outputs are the conversations' rounds in dataset order); None where there are no
         outputs or they do not add up to the conversations."""
-        if not lens or sum(self.turns) != len(lens):
+        if not per_request or sum(self.turns) != len(per_request):
             return None
         starts = [0, *itertools.accumulate(self.turns)]
         return [range(a, b) for a, b in itertools.pairwise(starts)]
@@ -250,6 +251,25 @@ class Run:
                 n += 1
                 hits += cached[k] >= lens[k - 1] - PAGE
         return hits / n if n else None
+
+    @property
+    def turn_ttfts(self) -> tuple[list[float], list[float]] | None:
+        """The TTFTs (s) of first turns and of follow-ups that got a reply, from bench_serving's
+        per-request ttfts: a router can keep the same share in SLO by making either wait, and
+        only a follow-up's wait is one a coding agent's user sits through on every tool call.
+        None where the outputs do not match the conversations."""
+        ttfts: list[float | None] = self.result.get("ttfts") or []
+        errors = self.result.get("errors") or []
+        conversations = self._conversations(ttfts)
+        if conversations is None:
+            return None
+        split: tuple[list[float], list[float]] = ([], [])
+        for rounds in conversations:
+            for k in rounds:
+                t = ttfts[k]
+                if t is not None and t > 0 and not (k < len(errors) and errors[k]):
+                    split[k != rounds.start].append(t)
+        return split
 
     @property
     def device_shares(self) -> tuple[float, float] | None:
@@ -815,6 +835,39 @@ def max_rate_in_slo(runs: list[Run], name: str, threshold: float = 0.9) -> str:
     return "none" if best is None else f"{best:g}"
 
 
+def turn_lines(runs: list[Run], setup: Setup) -> list[str]:
+    """TTFT split into first turns and follow-ups per run: past the knee the routers keep
+    different shares in SLO by letting different requests wait."""
+    import numpy as np
+
+    split = [(r, r.turn_ttfts) for r in runs]
+    shown = [(r, t) for r, t in split if t is not None and t[0] and t[1]]
+    if not shown:
+        return []
+    slo_s = setup.slo_ttft_ms / 1e3
+
+    def cells(ttfts: list[float]) -> str:
+        p50, p90 = np.percentile(np.array(ttfts) * 1e3, [50, 90])
+        over = sum(t > slo_s for t in ttfts) / len(ttfts)
+        return f"{p50:.0f} / {p90:.0f} | {100 * over:.0f} %"
+
+    lines = [
+        "",
+        "TTFT by turn (bench_serving's per-request ttfts, its outputs in the conversations' "
+        "order): first turns against follow-ups, and the share of each whose TTFT alone is over "
+        f"the {setup.slo_ttft_ms:g} ms SLO.",
+        "",
+        "| router | rate (conv/s) | draw | first turns: TTFT p50 / p90 (ms) | over | "
+        "follow-ups: TTFT p50 / p90 (ms) | over |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r, (first, follow) in sorted(
+        shown, key=lambda x: (setup.routers.index(x[0].router), x[0].rate, x[0].draw)
+    ):
+        lines.append(f"| {r.router} | {r.rate:g} | {r.draw} | {cells(first)} | {cells(follow)} |")
+    return lines
+
+
 def draws_lines(runs: list[Run], setup: Setup) -> list[str]:
     """Each point over its draws, and the first router against the best of the others draw by
     draw (same arrivals): the spread a claim needs on a machine whose single runs scatter."""
@@ -1030,6 +1083,7 @@ def report(runs: list[Run], setup: Setup, meta: dict[str, Any], spec: ClusterSpe
         lines.append(f"| {name} | {max_rate_in_slo(runs, name)} | "
                      f"{_spread(_values(runs, name, k, 'request_goodput'))} | "
                      f"{_spread(_values(runs, name, k, 'p90_ttft_ms'), '.0f')} |")  # fmt: skip
+    lines += turn_lines(runs, setup)
     looked = [r for r in runs if r.l3_lookups]
     if looked:
         lines += ["", "smetric-router's decisions per run: mean arrival-to-decision time by stage "

@@ -108,3 +108,21 @@ def test_device_shares_split_first_turns_from_follow_ups() -> None:
     assert bare.device_shares is None
     # outputs that do not match the conversations cannot be split
     assert Run("smetric", 1.0, result, turns=(2, 2)).device_shares is None
+
+
+def test_turn_ttfts_split_first_turns_from_follow_ups_and_skip_failures() -> None:
+    from benchmarks.compare import Run, Setup, turn_lines
+
+    # conversations of 3 and 2 turns in bench_serving's order; the second's follow-up failed
+    result = {
+        "ttfts": [9.0, 1.0, 2.0, 3.0, 0.0],
+        "errors": ["", "", "", "", "worker died"],
+    }
+    run = Run("smetric", 2.0, result, turns=(3, 2))
+    assert run.turn_ttfts == ([9.0, 3.0], [1.0, 2.0])
+    assert Run("smetric", 2.0, result, turns=(3, 3)).turn_ttfts is None
+    setup = Setup(routers=("smetric",), slo_ttft_ms=8000)
+    row = turn_lines([run], setup)[-1]
+    # first turns: p50 6000, p90 8400, one of two over 8 s; follow-ups 1500 / 1900, none over
+    assert row == "| smetric | 2 | 1 | 6000 / 8400 | 50 % | 1500 / 1900 | 0 % |"
+    assert turn_lines([Run("smetric", 2.0, {}, turns=(3, 2))], setup) == []
