@@ -6,9 +6,11 @@
     python -m benchmarks.compare --trace ../shared/traces/mooncake-conversation.jsonl --tag mc
     python -m benchmarks.compare --config launch/sglang-cpu.yaml --agent --tag sglang-agent
     python -m benchmarks.compare --dataset mooncake --rounds 3 --tag mooncake-rounds
+    python -m benchmarks.compare --config launch/emulated-pd-mooncake.yaml --tag pd   # PD
 
-One cluster (the launcher's workers, emulated by default, any `--config` cluster spec), no router
-from the launcher. For each router under test and each rate: start the router on a free loopback
+One cluster (the launcher's workers, emulated by default, any `--config` cluster spec, PD
+included: every router then fronts the prefill and the decode instances), no router from the
+launcher. For each router under test and each rate: start the router on a free loopback
 port in front of the same workers, flush every worker's cache (POST /flush_cache), and run
 `python -m sglang.benchmark.serving` from the CPU SGLang env (.venv-sglang, `make sglang`) with
 `--backend sglang-oai-chat --dataset-name agentic-trace`: multi-turn conversations converted from a
@@ -64,7 +66,16 @@ from typing import Any
 
 from benchmarks.process_cost import renice, tree_cpu_rss
 from smetric_router.core.prometheus import Sample, readable_samples, total
-from smetric_router.launch import ClusterSpec, Stack, WorkerSpec, free_port, load_spec, router_args
+from smetric_router.launch import (
+    ClusterSpec,
+    PdSpec,
+    Stack,
+    WorkerLaunch,
+    WorkerSpec,
+    free_port,
+    load_spec,
+    router_args,
+)
 from smetric_router.launch.kinds.sglang import (
     CPU_SITE,
     ROOT,
@@ -341,12 +352,28 @@ def def_argv(d: RouterDef, spec: ClusterSpec, workers: list[str], port: int,
         own = router_args(replace(spec, router=r), stack.workers)
         return [sys.executable, "-m", *own, *d.extra]
     prom = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
-    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+    on = peer_workers(spec.pd, stack.workers, workers)
+    common = ["--host", "127.0.0.1", "--port", str(port), *on,
               "--policy", d.policy, "--log-level", "warn", *prom, *d.extra]  # fmt: skip
     if d.kind == "smg":
         # `python -m smg`: .venv-sglang/bin/smg is sglang-router's script (both wheels ship one)
         return [sglang_py, "-m", "smg", "launch", *common]
     return [sglang_py, "-m", "sglang_router.launch_router", *common]
+
+
+def peer_workers(pd: PdSpec | None, launched: Sequence[WorkerLaunch], urls: list[str]) -> list[str]:
+    """The workers on a peer router's command line: `--worker-urls URL...`, or under PD both
+    peers' spellings, `--pd-disaggregation --prefill URL BOOTSTRAP_PORT ... --decode URL ...`
+    (their `--policy` then serves prefill and decode alike)."""
+    if pd is None:
+        return ["--worker-urls", *urls]
+    argv = ["--pd-disaggregation"]
+    for w in launched:
+        if w.role == "prefill":
+            argv += ["--prefill", w.url, str(w.bootstrap_port)]
+        elif w.role == "decode":
+            argv += ["--decode", w.url]
+    return argv
 
 
 def _chat_ok(url: str, model: str, headers: dict[str, str] | None = None) -> bool:
@@ -420,15 +447,18 @@ def router_on_free_port(
             print(f"{name}: port {port} was taken before the router bound it; another port")
 
 
-def flush(workers: list[str], l3: str | None = None) -> None:
+def flush(workers: list[str], l3: str | None = None, writers: list[str] | None = None) -> None:
     """Every worker's own tiers, and with l3 (the Mooncake master's metrics URL) the shared global
-    tier too, so that no run starts with what the one before it wrote to the store."""
+    tier too, so that no run starts with what the one before it wrote to the store. It is
+    cleared through `writers` (default: every worker), the workers with a storage backend: under
+    PD the prefill instances, since a decode instance has none to clear (400)."""
     for w in workers:
         status, body = _post(f"{w}/flush_cache?timeout=60", timeout=90)
         if status != 200:
             raise RuntimeError(f"{w}/flush_cache: {status} {body[:200]!r}")
-    if l3 is not None and workers:
-        clear_l3(workers, l3)
+    writers = workers if writers is None else writers
+    if l3 is not None and writers:
+        clear_l3(writers, l3)
 
 
 def clear_l3(workers: list[str], master_metrics: str, timeout_s: float = 60) -> None:
@@ -652,6 +682,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                              setup.workers_nice)  # fmt: skip
             log(f"workers and master at nice {setup.workers_nice}: {lowered} processes")
         workers = stack.worker_urls
+        writers = [w.url for w in stack.workers if w.role != "decode"]
         log(f"workers: {' '.join(workers)}")
         for draw, name, rate in plan(setup):
             kept = stored_run(work, name, rate, draw) if resume else None
@@ -663,7 +694,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
             router_log = work / f"{slug}.router.log"
             with router_on_free_port(name, spec, workers, sglang_py, stack, model,
                                      router_log) as (url, proc):  # fmt: skip
-                flush(workers, l3)
+                flush(workers, l3, writers)
                 p0, c0 = token_counters(workers)
                 s0 = router_samples(url)
                 d0, k0 = decisions(s0), l3_lookups(s0)
@@ -683,7 +714,7 @@ def run_all(setup: Setup, spec: ClusterSpec, load: Workload, work: Path,
                 d1, k1 = decisions(s1), l3_lookups(s1)
                 calls = {}
                 if setup.agent and rate == setup.rates[0] and draw == 1:
-                    flush(workers, l3)
+                    flush(workers, l3, writers)
                     calls = tool_call_check(url, model, tok, setup.tool_sessions)
             result = json.loads(out.read_text().splitlines()[-1])
             made, decide_ms, stages = split_decisions(d0, d1)
@@ -929,12 +960,17 @@ def draws_lines(runs: list[Run], setup: Setup) -> list[str]:
 
 
 def cluster_line(spec: ClusterSpec) -> str:
-    w = spec.workers
+    w, pd = spec.workers, spec.pd
+    if pd is None:
+        kinds = f"{w.count} {w.kind} workers"
+    else:  # the routers front both roles: prefill instances with their bootstrap ports, decode
+        kinds = (f"{w.kind} workers disaggregated, {pd.prefill} prefill and {pd.decode} decode "
+                 f"(KV link {pd.transfer_gbps:g} Gbps)")  # fmt: skip
     if w.kind == "emulated":
-        return (f"{w.count} emulated workers (profile {w.profile}, speedup {w.speedup:g}, "
+        return (f"{kinds} (profile {w.profile}, speedup {w.speedup:g}, "
                 f"extra args `{' '.join(w.extra_args)}`)")  # fmt: skip
     g = spec.sglang
-    return (f"{w.count} {w.kind} workers (model `{g.model_path}`, device {g.device}, "
+    return (f"{kinds} (model `{g.model_path}`, device {g.device}, "
             f"--max-total-tokens {g.max_total_tokens}, HiCache {'on' if g.hicache else 'off'}, "
             f"page size {w.page_size})")  # fmt: skip
 
@@ -1182,7 +1218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", type=Path, help="trace JSONL (default: a generated agentic trace)")
     p.add_argument("--routers", help=f"comma-separated subset of: {', '.join(ROUTERS)}")
     p.add_argument("--rates", help="comma-separated conversation rates (per s)")
-    p.add_argument("--workers", type=int)
+    p.add_argument("--workers", type=int, help="colocated workers (over --config's count)")
     p.add_argument("--conversations", type=int)
     p.add_argument("--max-turns", type=int)
     p.add_argument("--min-turns", type=int)
@@ -1258,6 +1294,9 @@ def cluster_spec(a: argparse.Namespace, setup: Setup) -> ClusterSpec:
         return default_spec(setup)
     spec = load_spec(a.config)
     workers = spec.workers
+    if a.workers and spec.pd is not None:
+        raise SystemExit(f"--workers: {a.config} disaggregates prefill and decode; its pd section "
+                         "sets how many of each")  # fmt: skip
     if a.workers:
         workers = replace(workers, count=a.workers)
     emulated_only = {"--gpu-kv-tokens": a.gpu_kv_tokens, "--speedup": a.speedup}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.mooncake_keys import require_mooncake
 from tests.sglang_env import require_sglang_python
 from tests.shared_ref import require_shared
 
@@ -70,6 +71,27 @@ def test_mooncake_mode_end_to_end(tmp_path: Path) -> None:
         assert r.prompt_tokens > 0  # the workers counted the /generate prompts
     md = (tmp_path / "compare-smoke.md").read_text()
     assert "Mooncake replay" in md and "--mooncake-num-rounds 2" in md
+
+
+def test_pd_with_a_mooncake_tier_end_to_end(tmp_path: Path) -> None:
+    """launch/emulated-pd-mooncake.yaml (4 prefill and 2 decode instances, a real Mooncake
+    master): smetric-router and smg each in front of both roles, the store emptied through the
+    prefill instances before each run (a decode instance has no store to clear)."""
+    require_sglang_python()
+    require_mooncake()
+    from benchmarks.compare import main
+
+    runs = main(["--smoke", "--config", "launch/emulated-pd-mooncake.yaml",
+                 "--routers", "smetric,smg/cache_aware", "--work-dir", str(tmp_path / "work"),
+                 "--out-dir", str(tmp_path)])  # fmt: skip
+    assert [r.router for r in runs] == ["smetric", "smg/cache_aware"]
+    for r in runs:
+        assert r.result["completed"] == sum(r.turns) and not any(r.result["errors"]), r.router
+        # the prefill instances served follow-ups' histories from a tier
+        assert r.cached_share is not None and r.cached_share > 0, r.router
+    assert runs[0].decisions.get("first-turn-balance", 0) > 0
+    md = (tmp_path / "compare-smoke.md").read_text()
+    assert "disaggregated, 4 prefill and 2 decode" in md and "mooncake_master" in md
 
 
 @pytest.mark.parametrize(

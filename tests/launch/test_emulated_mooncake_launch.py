@@ -50,6 +50,19 @@ def test_every_emulated_worker_gets_the_store_and_the_master_is_beside_this_pyth
         assert env["MOONCAKE_LOCAL_HOSTNAME"] == env["MC_TCP_BIND_ADDRESS"] == "127.0.0.1"
 
 
+def test_the_pd_spec_with_a_tier_is_the_pd_default_on_its_own_master() -> None:
+    spec = load_spec(ROOT / "launch" / "emulated-pd-mooncake.yaml")
+    alone = load_spec(SPEC)
+    assert spec.pd == PdSpec() and spec.workers == replace(alone.workers, count=spec.workers.count)
+    assert spec.mooncake is not None and alone.mooncake is not None
+    ports = {spec.mooncake.rpc_port, spec.mooncake.http_metadata_port, spec.mooncake.metrics_port}
+    taken = {alone.mooncake.rpc_port, alone.mooncake.http_metadata_port,
+             alone.mooncake.metrics_port}  # fmt: skip
+    assert not ports & taken  # both clusters can run at once
+    roles = [(w.role, "--global-tier" in w.argv) for w in plan_workers(spec)]
+    assert roles == [("prefill", True)] * 4 + [("decode", False)] * 2
+
+
 def test_pd_decode_instances_have_no_l3() -> None:
     spec = replace(load_spec(SPEC), pd=PdSpec(prefill=2, decode=1))
     for w in plan_workers(spec):
