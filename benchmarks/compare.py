@@ -66,6 +66,7 @@ from typing import Any
 
 from benchmarks.process_cost import renice, tree_cpu_rss
 from smetric_router.core.prometheus import Sample, readable_samples, total
+from smetric_router.core.types import Reason
 from smetric_router.launch import (
     ClusterSpec,
     PdSpec,
@@ -85,6 +86,7 @@ from smetric_router.launch.kinds.sglang import (
 )
 from smetric_router.loadgen.sessions import run_sessions
 from smetric_router.policies import policy_names
+from smetric_router.policies.smetric_l3move import L3_MOVE
 from smetric_router.traces.generate import GenConfig, generate
 from smetric_router.traces.to_agentic import DEFAULT_TOKENIZER, Options, convert_file
 
@@ -108,6 +110,8 @@ class RouterDef:
 
 # the policies whose decisions say whether a follow-up stayed with its holder: SMetric's own
 STICKY_POLICIES = tuple(p for p in policy_names() if p.startswith("smetric"))
+# the reasons the smetric rule gives a follow-up (x-smetric-reason)
+FOLLOW_UP_REASONS = {r.value for r in Reason} - {Reason.FIRST_TURN_BALANCE.value} | {L3_MOVE}
 
 ROUTERS: dict[str, RouterDef] = {
     "smetric": RouterDef("smetric", "smetric"),
@@ -215,7 +219,9 @@ class Run:
 
     @property
     def stickiness(self) -> float | None:
-        follow = sum(v for k, v in self.decisions.items() if k != "first-turn-balance")
+        # only the smetric rule's follow-up reasons: under PD the decode side's decisions are
+        # counted too, under its policy's name
+        follow = sum(v for k, v in self.decisions.items() if k in FOLLOW_UP_REASONS)
         d = ROUTERS[self.router]
         if not self.decisions or d.policy not in STICKY_POLICIES or not d.one_process or not follow:
             return None

@@ -110,6 +110,15 @@ def test_stickiness_is_shown_for_the_sticky_policies_of_one_process(
     assert run.stickiness == (0.75 if shown else None)
 
 
+def test_stickiness_under_pd_leaves_the_decode_sides_decisions_out() -> None:
+    from benchmarks.compare import Run
+
+    # the router counts its decode decisions too, under the decode policy's name
+    decisions: dict[str, float] = {"first-turn-balance": 4, "least_tokens": 10, "sticky": 3,
+                                   "l3-move": 2, "evicted-fallback": 1}  # fmt: skip
+    assert Run("smetric", 1.0, {}, decisions=decisions).stickiness == 0.5
+
+
 def test_device_shares_split_first_turns_from_follow_ups() -> None:
     from benchmarks.compare import Run
 
