@@ -273,7 +273,7 @@ class Run:
     def turn_ttfts(self) -> tuple[list[float], list[float]] | None:
         """The TTFTs (s) of first turns and of follow-ups that got a reply, from bench_serving's
         per-request ttfts: a router can keep the same share in SLO by making either wait, and
-        only a follow-up's wait is one a coding agent's user sits through on every tool call.
+        an agent meets a follow-up's wait on every tool call, a first turn's once a session.
         None where the outputs do not match the conversations."""
         ttfts: list[float | None] = self.result.get("ttfts") or []
         errors = self.result.get("errors") or []
