@@ -75,6 +75,7 @@ from smetric_router.launch import (
     WorkerSpec,
     free_port,
     load_spec,
+    pd_worker_args,
     router_args,
 )
 from smetric_router.launch.kinds.sglang import (
@@ -367,19 +368,13 @@ def def_argv(d: RouterDef, spec: ClusterSpec, workers: list[str], port: int,
     return [sglang_py, "-m", "sglang_router.launch_router", *common]
 
 
-def peer_workers(pd: PdSpec | None, launched: Sequence[WorkerLaunch], urls: list[str]) -> list[str]:
-    """The workers on a peer router's command line: `--worker-urls URL...`, or under PD both
-    peers' spellings, `--pd-disaggregation --prefill URL BOOTSTRAP_PORT ... --decode URL ...`
-    (their `--policy` then serves prefill and decode alike)."""
+def peer_workers(pd: PdSpec | None, launched: list[WorkerLaunch], urls: list[str]) -> list[str]:
+    """The workers on a peer router's command line: `--worker-urls URL...`, or under PD
+    `--pd-disaggregation` and the instances as smetric-router gets them (their `--policy` then
+    serves prefill and decode alike)."""
     if pd is None:
         return ["--worker-urls", *urls]
-    argv = ["--pd-disaggregation"]
-    for w in launched:
-        if w.role == "prefill":
-            argv += ["--prefill", w.url, str(w.bootstrap_port)]
-        elif w.role == "decode":
-            argv += ["--decode", w.url]
-    return argv
+    return ["--pd-disaggregation", *pd_worker_args(launched)]
 
 
 def _chat_ok(url: str, model: str, headers: dict[str, str] | None = None) -> bool:

@@ -26,10 +26,10 @@ from smetric_router.launch.spec import (
     WorkerSpec,
     load_spec,
 )
-from smetric_router.launch.stack import Stack, dry_run, router_args
+from smetric_router.launch.stack import Stack, dry_run, pd_worker_args, router_args
 
 __all__ = [
     "ClusterSpec", "MooncakeSpec", "PdSpec", "RouterSpec", "SglangSpec", "Stack", "WorkerLaunch",
     "WorkerSpec", "build_parser", "dry_run", "free_port", "free_ports", "load_spec", "main",
-    "plan_workers", "resolve_spec", "router_args",
+    "pd_worker_args", "plan_workers", "resolve_spec", "router_args",
 ]  # fmt: skip

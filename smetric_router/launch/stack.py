@@ -90,16 +90,22 @@ def router_args(spec: ClusterSpec, workers: list[WorkerLaunch]) -> list[str]:
     if pd is None:
         args += ["--policy", r.policy, "--worker-urls", *(w.url for w in workers)]
         return args + list(r.extra_args)
-    # sglang_router's PD spellings: --prefill URL BOOTSTRAP_PORT and --decode URL, repeated
     args += ["--pd-disaggregation", "--prefill-policy", r.policy]
     if pd.decode_policy:
         args += ["--decode-policy", pd.decode_policy]
+    return args + pd_worker_args(workers) + list(r.extra_args)
+
+
+def pd_worker_args(workers: list[WorkerLaunch]) -> list[str]:
+    """The PD instances in sglang_router's spellings, which smetric-router and smg share:
+    --prefill URL BOOTSTRAP_PORT and --decode URL, repeated."""
+    args: list[str] = []
     for w in workers:
         if w.role == "prefill":
             args += ["--prefill", w.url, str(w.bootstrap_port)]
         elif w.role == "decode":
             args += ["--decode", w.url]
-    return args + list(r.extra_args)
+    return args
 
 
 def restart_delay(
