@@ -114,6 +114,12 @@ STICKY_POLICIES = tuple(p for p in policy_names() if p.startswith("smetric"))
 # the reasons the smetric rule gives a follow-up (x-smetric-reason)
 FOLLOW_UP_REASONS = {r.value for r in Reason} - {Reason.FIRST_TURN_BALANCE.value} | {L3_MOVE}
 
+PRIORITY_FLAG = "--follow-up-priority"
+# SGLang's flags and the emulated worker's. With the default 0 a follow-up asking 1 passes the
+# requests that ask none but never preempts them: SGLang would for a gap over its threshold (10),
+# and a request without a priority is otherwise the lowest there is
+PRIORITY_SCHEDULING = ("--enable-priority-scheduling", "--default-priority-value", "0")
+
 ROUTERS: dict[str, RouterDef] = {
     "smetric": RouterDef("smetric", "smetric"),
     **{f"smetric/{p}": RouterDef("smetric", p) for p in STICKY_POLICIES if p != "smetric"},
@@ -125,6 +131,9 @@ ROUTERS: dict[str, RouterDef] = {
     # the default with its overload guard at a factor of 1: a follow-up leaves its holder as soon
     # as staying costs more than the cheapest move (the default's 2 keeps it while they are close)
     "smetric-move1": RouterDef("smetric", "smetric", ("--move-cost-ratio", "1")),
+    # the default asking the workers to take follow-ups before new sessions in their queues
+    # (with it in a run, every run's workers get --enable-priority-scheduling)
+    "smetric-prio1": RouterDef("smetric", "smetric", (PRIORITY_FLAG, "1")),
     # four router processes on one port, the kernel spreading connections between them, as four
     # replicas behind an L4 load balancer; they publish their in-flight counts to each other
     "smetric-x4": RouterDef("smetric", "smetric", ("--processes", "4")),
@@ -1255,6 +1264,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "e.g. 10: the router under test and the load client get the CPU first, as a "
                    "router on its own cores would, so a costlier router is not slowed by the "
                    "workers it shares 2 cores with)")  # fmt: skip
+    p.add_argument("--enable-priority-scheduling", action="store_true",
+                   help="start the workers with SGLang's --enable-priority-scheduling "
+                   "--default-priority-value 0 (a request asking a higher `priority` goes first "
+                   "in its worker's queue; routers that set none are served in arrival order as "
+                   "before); on by itself when a "
+                   f"router in the run sets {PRIORITY_FLAG}")  # fmt: skip
     p.add_argument("--tag", default="", help="results file suffix: compare-TAG.md")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/smetric-compare"))
@@ -1310,6 +1325,13 @@ def cluster_spec(a: argparse.Namespace, setup: Setup) -> ClusterSpec:
                                                str(a.gpu_kv_tokens)))  # fmt: skip
     if a.speedup is not None:
         workers = replace(workers, speedup=a.speedup)
+    # a router asking follow-ups' priority orders nothing unless the workers read it; the
+    # others send none, so their requests keep arrival order
+    asking = any(PRIORITY_FLAG in ROUTERS[n].extra for n in setup.routers)
+    if (a.enable_priority_scheduling or asking) and PRIORITY_SCHEDULING[
+        0
+    ] not in workers.extra_args:
+        workers = replace(workers, extra_args=(*workers.extra_args, *PRIORITY_SCHEDULING))
     return replace(spec, workers=workers)
 
 

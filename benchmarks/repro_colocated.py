@@ -3,7 +3,7 @@ global-tier figures (provisioning, NICs per server, a degraded link) and the acc
 
     python -m benchmarks.repro_colocated FIGURE [--jobs N]
     FIGURE: bailian_lambda, fig9, fig11, fig12, fig14, fig15, fig25, provisioning, nics, sampling,
-            sampling_seeds, scale, degraded_link, acceptance, first_turn, follow_ups,
+            sampling_seeds, scale, degraded_link, acceptance, first_turn, follow_ups, priority,
             first_turn_cost, headroom, delay, all;
             plan, probe, reuse, moves (diagnostics)
 
@@ -50,7 +50,7 @@ from smetric_router.engine.timing import TimingModel, load_profile
 from smetric_router.policies import make_policy, policy_names
 from smetric_router.policies.base import PolicyParams, registered_in
 from smetric_router.sim.cluster import Cluster, RunResult, arrival_order
-from smetric_router.sim.config import SimConfig
+from smetric_router.sim.config import SimConfig, Slo
 from smetric_router.sim.metrics import last_arrival_window, summarize, window_imbalance
 from smetric_router.sim.report import Spread, spread
 from smetric_router.traces.loaders import load_trace
@@ -230,6 +230,8 @@ class Spec:
     # False: what an instance loads from another tier crosses PCIe in no time (the headroom
     # figure's free fetches, with nic_gbps FREE_GBPS and fetch_ms 0)
     pcie: bool = True
+    # the router's --follow-up-priority (0: off): follow-ups first in every instance's queue
+    priority: int = 0
 
     def base_rate(self) -> float:
         """What rate 1x is, as a multiple of the trace's own rate."""
@@ -255,6 +257,7 @@ class Spec:
             + (f"-i{self.instances}" if self.instances != 32 else "")
             + (f"-fu-{self.follow_ups}" if self.follow_ups != "trace" else "")
             + ("" if self.pcie else "-nopcie")
+            + (f"-prio{self.priority}" if self.priority else "")
         )
 
 
@@ -277,6 +280,7 @@ def sim_config(spec: Spec) -> SimConfig:
         prefetch_policy=spec.prefetch,
         session_hints=spec.hints,
         follow_ups=spec.follow_ups,
+        follow_up_priority=spec.priority,
     )
 
 
@@ -301,7 +305,17 @@ def trace(seed: int) -> list[TraceRequest]:
     return _traces[seed]
 
 
-def _extra(res: RunResult) -> dict[str, Any]:
+def _ttft_ok(res: RunResult, slo: Slo, follow_ups: bool) -> float:
+    """The share of first turns (or of follow-ups) whose TTFT alone met the SLO."""
+    ok = [
+        r.first_token >= 0 and r.first_token - r.arrival <= slo.ttft_limit(r.input_len)
+        for r in res.records
+        if (r.turn > 0) == follow_ups
+    ]
+    return sum(ok) / len(ok) if ok else math.nan
+
+
+def _extra(res: RunResult, slo: Slo) -> dict[str, Any]:
     tpot = [
         (r.finish - r.first_token) / (r.output_len - 1) * 1e3
         for r in res.records
@@ -312,6 +326,8 @@ def _extra(res: RunResult) -> dict[str, Any]:
         # windows[:arrival_windows] are those while requests still arrive (the drain left out)
         "arrival_windows": last_arrival_window(res.records, res.window_s) + 1,
         "dropped": sum(r.first_token < 0 for r in res.records),
+        "first_turn_ttft_ok": _ttft_ok(res, slo, False),
+        "follow_up_ttft_ok": _ttft_ok(res, slo, True),
     }
 
 
@@ -336,7 +352,7 @@ def run(spec: Spec) -> dict[str, Any]:
     res = Cluster(cfg, policy, spec.ratio, timing=timing(spec, cfg)).run(reqs, stretch)
     wall = time.perf_counter() - t
     out = summarize(res, cfg.slo, spec.policy, spec.rate * BASE_RATE, spec.ratio)
-    out.update(_extra(res), wall_s=wall, trace_seed=spec.seed, nics=spec.nics)
+    out.update(_extra(res, cfg.slo), wall_s=wall, trace_seed=spec.seed, nics=spec.nics)
     out.update(nic_gbps=spec.nic_gbps, x_rate=spec.rate, tier=gx(spec.ratio), key=spec.key())
     print(f"{spec.key()}: {wall:.0f} s, TPS@SLO {out['tps_within_slo']:.0f}", flush=True)
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -1614,6 +1630,69 @@ def follow_ups() -> None:
           body, rows)  # fmt: skip
 
 
+# Follow-ups first in the instances' queues (the router's --follow-up-priority), beside the
+# policies that led the emulated runs at and past the knee
+PRIO_POLICIES = ("smetric", "lmetric", "lmetric-inflight")
+
+
+def _prio_spec(policy: str, rate: float, seed: int, mode: str, priority: int) -> Spec:
+    return replace(_fu_spec(policy, rate, seed, mode), priority=priority)
+
+
+def priority_specs() -> list[Spec]:
+    return [
+        _prio_spec(p, r, t, m, q)
+        for m, rates in FU_SWEEPS.items() for t in SEEDS for p in PRIO_POLICIES for q in (0, 1)
+        for r in rates
+    ]  # fmt: skip
+
+
+def priority() -> None:
+    rows = runs(priority_specs())
+    body = [
+        "Past the knee of the emulated runs (compare-mooncake-8-six-default.md) the requests "
+        "wait in the workers' queues, and the paper's `lmetric` kept more in SLO by making "
+        "first turns wait. `--follow-up-priority 1` asks SGLang's priority scheduling to take "
+        "follow-ups first in every queue, whatever the placement. The follow_ups figure's "
+        f"cells ({SCALE_INSTANCES} instances, full global tier, trace seeds "
+        f"{', '.join(map(str, SEEDS))}, each follow-up mode with its rate sweep), each policy "
+        "with and without it. Max TPS within SLO over the sweep and TPS within SLO at the "
+        "sweep's highest rate (past the knee), mean [min–max] over seeds; ratios per seed "
+        "against `smetric` without priority. The SLO is the study's: TTFT 2 s + 0.12 ms per "
+        "input token, so a follow-up's longer prompt is allowed more time than a first turn's.",
+        "",
+    ]
+    head = ("follow-ups", "policy", "priority", "max TPS within SLO", "/ smetric",
+            "at the highest rate", "/ smetric", "first turns in TTFT SLO",
+            "follow-ups in TTFT SLO")  # fmt: skip
+    table = []
+    for m, rates in FU_SWEEPS.items():
+        top = {
+            (p, t, q): peak([_prio_spec(p, r, t, m, q) for r in rates])
+            for p in PRIO_POLICIES for t in SEEDS for q in (0, 1)
+        }  # fmt: skip
+        last = {
+            (p, t, q): run(_prio_spec(p, rates[-1], t, m, q))
+            for p in PRIO_POLICIES for t in SEEDS for q in (0, 1)
+        }  # fmt: skip
+        for p in PRIO_POLICIES:
+            for q in (0, 1):
+                table.append((
+                    m, p, "follow-ups 1" if q else "none",
+                    spread(top[(p, t, q)]["tps_within_slo"] for t in SEEDS).fmt(",.0f"),
+                    spread(top[(p, t, q)]["tps_within_slo"]
+                           / top[("smetric", t, 0)]["tps_within_slo"] for t in SEEDS).fmt(),
+                    spread(last[(p, t, q)]["tps_within_slo"] for t in SEEDS).fmt(",.0f"),
+                    spread(last[(p, t, q)]["tps_within_slo"]
+                           / last[("smetric", t, 0)]["tps_within_slo"] for t in SEEDS).fmt(),
+                    spread(last[(p, t, q)]["first_turn_ttft_ok"] for t in SEEDS).fmt(".3f"),
+                    spread(last[(p, t, q)]["follow_up_ttft_ok"] for t in SEEDS).fmt(".3f"),
+                ))  # fmt: skip
+    body += md_table(head, table)
+    write("priority", "Follow-ups first in the instances' queues (simulator, modelled)",
+          body, rows)  # fmt: skip
+
+
 # First turns by cost against the default at 8 instances, on a fine rate sweep: there the peak
 # over the study's four rates moves by several per cent with where each policy's knee falls
 # between them, which is the size of the difference being measured
@@ -2331,6 +2410,7 @@ FIGS: dict[str, Figure] = {
     "scale": Figure(scale, scale_specs),
     "first_turn": Figure(first_turn, first_turn_specs),
     "follow_ups": Figure(follow_ups, follow_ups_specs),
+    "priority": Figure(priority, priority_specs),
     "first_turn_cost": Figure(first_turn_cost, first_turn_cost_specs),
     "headroom": Figure(headroom, headroom_specs),
     "delay": Figure(delay, delay_specs),

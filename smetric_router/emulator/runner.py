@@ -45,6 +45,7 @@ class Tracked:
     input_ids: list[int]
     output_ids: Sequence[int]
     counted: bool  # health probes stay out of the counters, as in SGLang
+    priority: int | None = None  # SGLang's request priority (read with priority scheduling)
     started: float = field(default_factory=time.monotonic)
     # wall-clock moments (meta_info's timing keys): arrival, admission, first token (or the
     # end of the prefill, when no output is asked for), end
@@ -143,11 +144,12 @@ class EngineRunner:
         *,
         counted: bool = True,
         on_finish: Callable[[Tracked], None] | None = None,
+        priority: int | None = None,
     ) -> Tracked:
-        t = self._track(rid, input_ids, output_ids, counted)
+        t = self._track(rid, input_ids, output_ids, counted, priority)
         t.on_finish = on_finish
         if self._arrivals is None:
-            self.engine.add_request(EngineRequest(rid, input_ids, output_ids))
+            self.engine.add_request(EngineRequest(rid, input_ids, output_ids, priority=priority))
             self._wake.set()
         else:
             t.arrival = asyncio.create_task(self._arrive(t, self._arrivals), name=f"arrive-{rid}")
@@ -164,7 +166,9 @@ class EngineRunner:
             t.abort_message, t.error_status = f"engine failed: {self.failure}", 503
             t.changed.set()
             return
-        self.engine.add_request(EngineRequest(t.rid, t.input_ids, t.output_ids))
+        self.engine.add_request(
+            EngineRequest(t.rid, t.input_ids, t.output_ids, priority=t.priority)
+        )
         self._wake.set()
 
     def submit_prefilled(
@@ -174,11 +178,12 @@ class EngineRunner:
         output_ids: Sequence[int],
         kv: Callable[[], Awaitable[CachedTokens]],
         error_status: int,
+        priority: int | None = None,
     ) -> Tracked:
         """PD decode: the request enters the engine once kv() (its prompt's KV, transferred)
         arrives, with the cache report it yields; if kv() raises, the request fails with
         error_status and the exception's message."""
-        t = self._track(rid, input_ids, output_ids, True)
+        t = self._track(rid, input_ids, output_ids, True, priority)
 
         async def arrive() -> None:
             try:
@@ -195,20 +200,29 @@ class EngineRunner:
                 t.changed.set()
                 return
             t.cached = cached
-            self.engine.add_prefilled_request(EngineRequest(rid, input_ids, output_ids))
+            self.engine.add_prefilled_request(
+                EngineRequest(rid, input_ids, output_ids, priority=priority)
+            )
             self._wake.set()
 
         t.arrival = asyncio.create_task(arrive(), name=f"kv-arrival-{rid}")
         return t
 
     def _track(
-        self, rid: str, input_ids: list[int], output_ids: Sequence[int], counted: bool
+        self,
+        rid: str,
+        input_ids: list[int],
+        output_ids: Sequence[int],
+        counted: bool,
+        priority: int | None = None,
     ) -> Tracked:
         if self.failure is not None:
             raise EngineFailed(str(self.failure))
         if rid in self._tracked:
             raise DuplicateRid(f"request id {rid!r} is already in flight")
-        t = Tracked(rid, input_ids, output_ids, counted, storage_backend=self._storage_backend)
+        t = Tracked(
+            rid, input_ids, output_ids, counted, priority, storage_backend=self._storage_backend
+        )
         self._tracked[rid] = t
         if counted:
             self.counters.requests += 1

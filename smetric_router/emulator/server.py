@@ -430,6 +430,9 @@ class _Submission:
         if user_rid is not None and not isinstance(user_rid, str):
             raise BadRequest("rid: Input should be a valid string", validation=True)
         self.rid = user_rid or uuid.uuid4().hex
+        priority = body.get("priority")
+        if priority is not None and type(priority) is not int:
+            raise BadRequest("priority: Input should be a valid integer", validation=True)
         self.answer = make_answer(
             em.codec, prompt, max_tokens, user_rid, end_turn, natural=natural, call=call
         )
@@ -446,6 +449,7 @@ class _Submission:
                     prompt,
                     self.answer.output_ids,
                     on_finish=None if withhold else functools.partial(em.hand_over, room),
+                    priority=priority,
                 )
             elif role == "decode":
                 room, host, port = _pairing(body, role)
@@ -455,9 +459,10 @@ class _Submission:
                     self.answer.output_ids,
                     functools.partial(em.receive_kv, host, port, room, len(prompt)),
                     KV_TRANSFER_FAILED,
+                    priority,
                 )
             else:
-                self.t = runner.submit(self.rid, prompt, self.answer.output_ids)
+                self.t = runner.submit(self.rid, prompt, self.answer.output_ids, priority=priority)
         except DuplicateRid as exc:
             raise BadRequest(str(exc)) from exc
 

@@ -38,6 +38,26 @@ class EngineConfig:
         "h20-qwen3-coder-30b-a3b",
         Flag("--profile", "engine timing profile name (engine/profiles/NAME.json)"),
     )
+    enable_priority_scheduling: bool = option(
+        False,
+        Flag(
+            "--enable-priority-scheduling",
+            "order the waiting queue by the requests' `priority` (higher first, then arrival), "
+            "as SGLang's flag does. SGLang also preempts running requests for one more than "
+            "--priority-scheduling-preemption-threshold (10) above them, which is not modelled: "
+            "give real workers --default-priority-value 0 (or --disable-priority-preemption) "
+            "and small priorities for the same behaviour",
+        ),
+    )
+    default_priority_value: int | None = option(
+        None,
+        Flag(
+            "--default-priority-value",
+            "with --enable-priority-scheduling, the priority of a request that asks none (as "
+            "SGLang's flag; without it such a request comes after every other)",
+            default_text="the lowest",
+        ),
+    )
 
 
 @dataclass(slots=True)
@@ -52,6 +72,8 @@ class EngineRequest:
     page_hashes: list[int] | None = None
     input_len: int = 0
     output_len: int = 0
+    # SGLang's; None: the config's default_priority_value. Read only with priority scheduling
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

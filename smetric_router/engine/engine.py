@@ -4,11 +4,12 @@ Scheduling, per step (one forward):
 1. Requests already admitted and still prefilling continue FCFS, each taking what it can of the
    chunked_prefill_size budget of new prompt tokens.
 2. While budget is left and running < max_running_requests, the head of the waiting queue is
-   admitted (strict FCFS: if it does not fit, nobody behind it is admitted this step). Its prefix
-   is matched (device, then host, then the global tier), host/global pages are loaded to the GPU,
-   and it gets its first chunk. With a Prefetcher (SGLang HiCache's L3 prefetch), a request whose
-   prefetch may not stop yet is passed over and the next one is tried, as SGLang's scheduler
-   does; its global-tier hit is what the prefetch brought, not what the tier holds.
+   admitted (strict FCFS: if it does not fit, nobody behind it is admitted this step; with
+   priority scheduling the queue is in priority order, then arrival, as SGLang sorts it). Its
+   prefix is matched (device, then host, then the global tier), host/global pages are loaded to
+   the GPU, and it gets its first chunk. With a Prefetcher (SGLang HiCache's L3 prefetch), a
+   request whose prefetch may not stop yet is passed over and the next one is tried, as SGLang's
+   scheduler does; its global-tier hit is what the prefetch brought, not what the tier holds.
 3. Every request whose prefill finished in an earlier step decodes one token in the same forward
    (SGLang's --enable-mixed-chunk; without it SGLang alternates prefill and decode batches). The
    mixed form keeps decode moving under a steady stream of prefills, which is what a router sees.
@@ -34,6 +35,7 @@ length (timing.decode_run_seconds), so a run of such steps is applied in one cal
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +98,7 @@ class _Req:
     prefilled: bool = False  # PD decode: the prompt's KV arrives from a prefill instance
     l3_base: int = 0  # local pages when its prefetch started (the fetched pages follow them)
     l3_pages: int = -1  # pages its prefetch brought (-1: no Prefetcher: read the tier directly)
+    priority: int = 0  # with priority scheduling: the queue's order, higher first
 
     @property
     def prefilling(self) -> bool:
@@ -130,6 +133,9 @@ class Engine:
         self.storage_fetch_seconds: Callable[[int], float] = self.timing.storage_fetch_seconds
         # set by the simulator's HiCache mode: the global tier is read through a prefetch
         self.prefetcher: Prefetcher | None = None
+        # SGLang gives a request without a priority the lowest there is, unless told a default
+        dv = config.default_priority_value
+        self._default_priority = dv if dv is not None else -sys.maxsize - 1
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -159,11 +165,27 @@ class Engine:
         cacheable = hashes[: (n_in - 1) // ps]
         gpu, host = self.cache.match_len(cacheable)
         r = _Req(req, n_in, n_out, hashes, chain, n_in - gpu * ps)
-        self._waiting.append(r)
+        self._enqueue(r)
         self._by_rid[req.rid] = r
         if self.prefetcher is not None and self.global_tier is not None:
             r.l3_base = gpu + host
             self.prefetcher.start(req.rid, self.global_tier.peek(cacheable[gpu + host :]))
+
+    def _enqueue(self, r: _Req) -> None:
+        waiting = self._waiting
+        if not self.config.enable_priority_scheduling:
+            waiting.append(r)
+            return
+        # behind every request of its priority or higher: arrival order within a priority
+        p = r.req.priority if r.req.priority is not None else self._default_priority
+        r.priority = p
+        i = len(waiting)
+        while i > 0 and waiting[i - 1].priority < p:
+            i -= 1
+        waiting.insert(i, r)
+        if i == 0:
+            # the head that did not fit is no longer the head: the new one may fit
+            self._admission_blocked = False
 
     def add_prefilled_request(self, req: EngineRequest) -> None:
         """PD decode: the prompt's KV was transferred from a prefill instance, so on admission the

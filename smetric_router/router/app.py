@@ -34,6 +34,7 @@ from smetric_router.features import anthropic_thinking
 from smetric_router.features.errors import FeatureError
 from smetric_router.features.extract import strip_hint
 from smetric_router.policies import make_policy
+from smetric_router.policies.follow_up_priority import follow_up_priority
 from smetric_router.policies.turn import resolve_turn
 from smetric_router.replicas.sync import ReplicaSync, SyncCollector, SyncConfig
 from smetric_router.router import api_messages, api_responses
@@ -524,6 +525,9 @@ async def _generate(
                 why = "previous_response_id needs a response store, which SGLang has not under PD"
                 raise bad_request(why, param="previous_response_id")
             strip_hint(body)
+            sent = follow_up_priority(1, body.get("priority"), state.config.follow_up_priority)
+            if sent is not None:  # continuing a stored response is a follow-up
+                body["priority"] = sent
             routed = router.route_to(holder.url, model, api_responses.HOLDER_REASON)
             stream = body.get("stream") is True
             raw = orjson.dumps(body)
@@ -571,12 +575,19 @@ async def _generate(
     state.metrics.decide_seconds.observe(time.perf_counter() - started)
     label = endpoint.value
     ticket = None
+    setting = state.config.follow_up_priority
+    if setting or state.admission_metrics is not None:
+        first = decided.prefill if isinstance(decided, Pair) else decided
+        turn = resolve_turn(features, first.view.workers)
+        sent = follow_up_priority(turn, body.get("priority"), setting)
+        if sent is not None and endpoint is not Endpoint.MESSAGES:  # SGLang's has no priority
+            body["priority"] = sent
+            raw = orjson.dumps(body)
     if state.admission_metrics is not None:
         # Decided first, so a follow-up waits for room on its holder; a first turn waits for
         # room anywhere. One that waited is decided again on the cluster as it is now: a
         # follow-up stays with its holder unless the policy would move it anyway.
-        first = decided.prefill if isinstance(decided, Pair) else decided
-        follow_up = resolve_turn(features, first.view.workers) > 0
+        follow_up = turn > 0
         bound = first.decision.worker if follow_up else None
         ticket = await _admit(state, request, bound, follow_up, features.prompt_len, priority)
     try:

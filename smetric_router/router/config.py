@@ -211,6 +211,20 @@ class RouterConfig:
         ),
     )
     policy_params: PolicyParams = field(default_factory=PolicyParams, metadata=nested())
+    follow_up_priority: int = option(
+        0,
+        Flag(
+            "--follow-up-priority",
+            "send a follow-up (turn > 0, or a continued response) to its worker with SGLang's "
+            "`priority` set to this, "
+            "so that workers started with --enable-priority-scheduling take running sessions' "
+            "turns before new sessions' in their queues; a client's own `priority` is kept, "
+            "first turns and /v1/messages are sent as they came; 0 = off (bodies untouched). "
+            "Keep it within SGLang's --priority-scheduling-preemption-threshold (10) unless "
+            "follow-ups should also preempt running requests",
+            default_text="0 (off)",
+        ),
+    )
     prometheus_port: int | None = option(
         None,
         Flag(
@@ -965,6 +979,8 @@ class RouterConfig:
             raise ValueError("--replica-sync-peers needs --replica-sync-bind")
         if self.replica_sync_bind is not None and not self.replica_sync:
             raise ValueError("--replica-sync-bind and --no-replica-sync contradict each other")
+        if not -(1 << 63) <= self.follow_up_priority < 1 << 63:
+            raise ValueError("follow_up_priority must be a signed 64-bit integer (SGLang's)")
         if self.max_upstream_connections < 0:
             raise ValueError(
                 f"max_upstream_connections must be >= 0, got {self.max_upstream_connections}"

@@ -48,6 +48,7 @@ from smetric_router.engine.api import EngineRequest, StepResult
 from smetric_router.engine.engine import Engine
 from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
+from smetric_router.policies.follow_up_priority import follow_up_priority
 from smetric_router.sim.collect import with_rare_collections
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.pages import PageMapper
@@ -385,9 +386,12 @@ class Cluster:
             self._unprefilled[idx] += new
             self._recent[idx].add(new, t)
             self._share[n] = new
+            priority = follow_up_priority(req.router_turn, None, cfg.follow_up_priority)
             self._dispatch(
                 self.instances[idx],
-                EngineRequest(str(n), [], [], hashes, req.input_len, max(req.output_len, 1)),
+                EngineRequest(
+                    str(n), [], [], hashes, req.input_len, max(req.output_len, 1), priority
+                ),
                 t,
             )
             n += 1

@@ -180,6 +180,14 @@ class SimConfig:
             "(the router's policies read it as a hint: session-hint-fallback)",
         ),
     )
+    follow_up_priority: int = option(
+        0,
+        Flag(
+            "--follow-up-priority",
+            "the router's --follow-up-priority: follow-ups ask for this priority and every "
+            "instance orders its queue by it (SGLang's --enable-priority-scheduling); 0 = off",
+        ),
+    )
 
     follow_ups: str = option(
         "trace",

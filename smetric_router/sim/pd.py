@@ -40,6 +40,7 @@ from smetric_router.engine.api import EngineRequest, StepResult
 from smetric_router.engine.engine import Engine
 from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
+from smetric_router.policies.follow_up_priority import follow_up_priority
 from smetric_router.sim.cluster import (
     RequestRecord,
     SimInstance,
@@ -240,7 +241,10 @@ class PdCluster:
             self._add_load(inst, t, unprefilled)
             if inst.port is not None:
                 inst.port.now = t  # a prefetch starts at the arrival
-            inst.engine.add_request(EngineRequest(str(n), [], [], hashes, req.input_len, 1))
+            priority = follow_up_priority(req.router_turn, None, self.cfg.follow_up_priority)
+            inst.engine.add_request(
+                EngineRequest(str(n), [], [], hashes, req.input_len, 1, priority)
+            )
             if not inst.busy or inst.parked:
                 self._schedule(inst, t)
             if progress is not None:

@@ -294,6 +294,7 @@ def engine_setup(
         chunked_prefill_size=cfg.chunked_prefill_size,
         max_running_requests=cfg.max_running_requests,
         profile=cfg.profile,
+        enable_priority_scheduling=cfg.follow_up_priority != 0,
     )
     if global_ratio <= 0:
         return ecfg, None

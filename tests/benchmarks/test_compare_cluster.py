@@ -20,7 +20,7 @@ def spec_for(*argv: str) -> ClusterSpec:
 def test_worker_flags_apply_over_a_config() -> None:
     plain = spec_for("--config", MOONCAKE)
     given = spec_for("--config", MOONCAKE, "--workers", "8", "--speedup", "0.5",
-                     "--gpu-kv-tokens", "50000")  # fmt: skip
+                     "--gpu-kv-tokens", "50000", "--routers", "smetric")  # fmt: skip
     assert plain.workers.speedup == 1.0
     assert (given.workers.count, given.workers.speedup) == (8, 0.5)
     assert given.workers.extra_args[-2:] == ("--gpu-kv-tokens", "50000")
@@ -64,3 +64,16 @@ def test_peer_routers_get_both_roles_under_pd() -> None:
         "--prefill", "http://127.0.0.1:3", "8999",
     ]  # fmt: skip
     assert peer_workers(None, launched, urls) == ["--worker-urls", *urls]
+
+
+def test_priority_scheduling_reaches_every_worker_when_asked_or_a_router_needs_it() -> None:
+    flag, args = "--enable-priority-scheduling", ("--default-priority-value", "0")
+    assert flag not in spec_for("--config", MOONCAKE, "--routers", "smetric").workers.extra_args
+    asked = spec_for("--config", MOONCAKE, flag, "--routers", "smetric")
+    assert asked.workers.extra_args[-3:] == (flag, *args)
+    needed = spec_for("--config", MOONCAKE, "--routers", "smetric,smetric-prio1")
+    assert needed.workers.extra_args.count(flag) == 1
+    both = spec_for("--config", MOONCAKE, flag, "--routers", "smetric-prio1")
+    assert both.workers.extra_args.count(flag) == 1
+    real = spec_for("--config", "launch/sglang-cpu.yaml", flag)
+    assert real.workers.extra_args[-3:] == (flag, *args)  # SGLang's own flags

@@ -248,3 +248,43 @@ def test_a_request_still_prefetching_is_passed_over_and_takes_only_what_arrived(
     pf.ready["waits"] = 5  # the prefetch stopped with 5 of its 8 pages
     second = e.step()
     assert second.scheduled == [("waits", CachedTokens(storage=5 * PS))]
+
+
+def _queue_order(priority_scheduling: bool) -> list[str]:
+    """The admission order of requests queued behind one that holds the only batch slot."""
+    e = Engine(
+        EngineConfig(
+            page_size=PS, max_running_requests=1, enable_priority_scheduling=priority_scheduling
+        )
+    )
+    e.add_request(EngineRequest("running", toks(0, 64), toks(9, 4)))
+    e.step()
+    for rid, p in (("a", 0), ("b", 1), ("c", 0), ("d", 5), ("e", 1)):
+        e.add_request(EngineRequest(rid, toks(len(rid) + ord(rid), 64), [1], priority=p))
+    return [rid for r in run(e) for rid, _ in r.scheduled]
+
+
+def test_priority_scheduling_takes_higher_priorities_first_then_arrival() -> None:
+    # SGLang's --enable-priority-scheduling: higher values first, FCFS within one priority
+    assert _queue_order(True) == ["d", "b", "e", "a", "c"]
+
+
+def test_without_priority_scheduling_a_priority_changes_nothing() -> None:
+    assert _queue_order(False) == ["a", "b", "c", "d", "e"]
+
+
+def test_a_higher_priority_head_is_tried_even_while_the_old_head_cannot_fit() -> None:
+    # 20 pages: the running request holds 13, the big waiting one needs 13 and is blocked; a
+    # small follow-up asking priority 1 fits beside the running one and must not wait for it
+    e = Engine(
+        EngineConfig(
+            page_size=PS, gpu_kv_tokens=20 * PS, max_running_requests=8,
+            enable_priority_scheduling=True,
+        )
+    )  # fmt: skip
+    e.add_request(EngineRequest("running", toks(0, 10 * PS), toks(9, 3 * PS)))
+    e.add_request(EngineRequest("big", toks(1, 10 * PS), toks(9, 3 * PS)))
+    assert [rid for rid, _ in e.step().scheduled] == ["running"]
+    e.step()  # "big" stays blocked
+    e.add_request(EngineRequest("small", toks(2, 2 * PS), [1], priority=1))
+    assert [rid for rid, _ in e.step().scheduled] == ["small"]

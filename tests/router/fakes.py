@@ -22,6 +22,8 @@ def sse(obj: Any) -> bytes:
 
 
 class FakeWorker:
+    GENERATION_PATHS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/generate")
+
     def __init__(
         self, name: str, *, page_size: int = 16, model: str = "fake-model", port: int | None = None
     ) -> None:
@@ -59,7 +61,7 @@ class FakeWorker:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/loads", self._loads)
         app.router.add_post("/flush_cache", self._flush)
-        for path in ("/v1/chat/completions", "/v1/completions", "/generate"):
+        for path in self.GENERATION_PATHS:
             app.router.add_post(path, self._generate)
         self.server = TestServer(app, host="127.0.0.1", port=self.port)
         await self.server.start_server()
