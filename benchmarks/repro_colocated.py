@@ -1658,13 +1658,17 @@ def priority() -> None:
         f"{', '.join(map(str, SEEDS))}, each follow-up mode with its rate sweep), each policy "
         "with and without it. Max TPS within SLO over the sweep and TPS within SLO at the "
         "sweep's highest rate (past the knee), mean [min–max] over seeds; ratios per seed "
-        "against `smetric` without priority. The SLO is the study's: TTFT 2 s + 0.12 ms per "
-        "input token, so a follow-up's longer prompt is allowed more time than a first turn's.",
+        "against `smetric` without priority; at that highest rate also the share of first "
+        "turns and of follow-ups whose TTFT met its SLO, TPOT p90, follow-ups kept on their "
+        "session's first instance, and the local hit share. The SLO is the study's: TTFT 2 s "
+        "+ 0.12 ms per input token (a follow-up's longer prompt is allowed more time than a "
+        "first turn's) and TPOT 30 ms.",
         "",
     ]
     head = ("follow-ups", "policy", "priority", "max TPS within SLO", "/ smetric",
             "at the highest rate", "/ smetric", "first turns in TTFT SLO",
-            "follow-ups in TTFT SLO")  # fmt: skip
+            "follow-ups in TTFT SLO", "TPOT p90 (ms)", "stickiness",
+            "local hit share")  # fmt: skip
     table = []
     for m, rates in FU_SWEEPS.items():
         top = {
@@ -1677,16 +1681,20 @@ def priority() -> None:
         }  # fmt: skip
         for p in PRIO_POLICIES:
             for q in (0, 1):
+                at = [last[(p, t, q)] for t in SEEDS]
                 table.append((
                     m, p, "follow-ups 1" if q else "none",
                     spread(top[(p, t, q)]["tps_within_slo"] for t in SEEDS).fmt(",.0f"),
                     spread(top[(p, t, q)]["tps_within_slo"]
                            / top[("smetric", t, 0)]["tps_within_slo"] for t in SEEDS).fmt(),
-                    spread(last[(p, t, q)]["tps_within_slo"] for t in SEEDS).fmt(",.0f"),
+                    spread(x["tps_within_slo"] for x in at).fmt(",.0f"),
                     spread(last[(p, t, q)]["tps_within_slo"]
                            / last[("smetric", t, 0)]["tps_within_slo"] for t in SEEDS).fmt(),
-                    spread(last[(p, t, q)]["first_turn_ttft_ok"] for t in SEEDS).fmt(".3f"),
-                    spread(last[(p, t, q)]["follow_up_ttft_ok"] for t in SEEDS).fmt(".3f"),
+                    spread(x["first_turn_ttft_ok"] for x in at).fmt(".3f"),
+                    spread(x["follow_up_ttft_ok"] for x in at).fmt(".3f"),
+                    spread(x["tpot_p90"] for x in at).fmt(".1f"),
+                    spread(x["followup_stickiness"] for x in at).fmt(".3f"),
+                    spread(x["local_hit_ratio"] for x in at).fmt(".3f"),
                 ))  # fmt: skip
     body += md_table(head, table)
     write("priority", "Follow-ups first in the instances' queues (simulator, modelled)",
