@@ -220,8 +220,10 @@ class RouterConfig:
             "so that workers started with --enable-priority-scheduling take running sessions' "
             "turns before new sessions' in their queues; a client's own `priority` is kept, "
             "first turns and /v1/messages are sent as they came; 0 = off (bodies untouched). "
-            "Keep it within SGLang's --priority-scheduling-preemption-threshold (10) unless "
-            "follow-ups should also preempt running requests",
+            "Give the workers --default-priority-value 0 too and keep this within SGLang's "
+            "--priority-scheduling-preemption-threshold (10): SGLang ranks a request without a "
+            "priority below every other and preempts running requests for one more than the "
+            "threshold above them (docs/admission.md)",
             default_text="0 (off)",
         ),
     )
