@@ -36,6 +36,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
         "instances": 8,
         "follow_ups": "on-reply",
         "pcie": False,
+        "priority": 1,
     }
     assert set(changed) | {"prefetch"} == {f.name for f in dataclasses.fields(rc.Spec)}
     for name, value in changed.items():
@@ -48,6 +49,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
     assert rc.sim_config(dataclasses.replace(base, hints=True)).session_hints
     assert rc.sim_config(dataclasses.replace(base, follow_ups="on-reply")).follow_ups == "on-reply"
     assert not rc.sim_config(base).session_hints
+    assert rc.sim_config(dataclasses.replace(base, priority=1)).follow_up_priority == 1
 
 
 def test_a_policys_key_follows_its_own_sources_only(monkeypatch: pytest.MonkeyPatch) -> None:
