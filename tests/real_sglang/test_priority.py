@@ -50,7 +50,9 @@ def test_sglang_serves_follow_ups_at_the_priority_the_router_sets(priority_stack
         reply = raw.parse().choices[0].message.content or ""
         history += [{"role": "assistant", "content": reply},
                     {"role": "user", "content": f"Now step {turn + 1}."}]  # fmt: skip
-    assert reasons[0] == "first-turn-balance" and reasons[1:] == ["sticky", "sticky"]
+    # the priority follows the turn the body shows, whatever the placement's reason (a follow-up
+    # sent before its reply's KV events arrive can be an evicted-fallback on its own holder)
+    assert reasons[0] == "first-turn-balance" and "first-turn-balance" not in reasons[1:]
     text = scrape(priority_stack.worker_urls[0])
     # the follow-ups asked the router's 1; the first turn none (the worker's default 0), as do
     # the worker's own health generations, so that count is only bounded below
