@@ -45,7 +45,7 @@ from smetric_router.router.auth import (
     tenant_of,
     upstream_auth_header,
 )
-from smetric_router.router.config import RouterConfig
+from smetric_router.router.config import PRIORITY_RANGE, RouterConfig
 from smetric_router.router.dashboard import Sampler, SamplerTimer, data_handler, handle_page
 from smetric_router.router.drain import SHUTDOWN_CODE, Drain, take_ended
 from smetric_router.router.errors import RouterError, bad_request, no_worker
@@ -692,17 +692,13 @@ async def _admit(
     return ticket
 
 
-# SGLang takes a signed 64-bit priority (its tokenizer manager refuses others)
-_PRIORITY_RANGE = range(-(1 << 63), 1 << 63)
-
-
 def _priority(body: dict[str, Any], tenant: Tenant | None) -> int:
     """The body's `priority` (SGLang's field: higher goes first; 0 when absent), within the
     tenant's max_priority (a 400 past it). The body is not changed."""
     p = body.get("priority")
     if p is None:
         return 0
-    if type(p) is not int or p not in _PRIORITY_RANGE:
+    if type(p) is not int or p not in PRIORITY_RANGE:
         raise bad_request("'priority' must be an integer (signed 64-bit).", param="priority")
     if tenant is not None and tenant.max_priority is not None and p > tenant.max_priority:
         raise bad_request(

@@ -41,6 +41,8 @@ _NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 # Keys are read from these when the flag is absent: a command line is visible to every local
 # user (ps), the environment is not.
+# SGLang takes a signed 64-bit priority (its tokenizer manager refuses others)
+PRIORITY_RANGE = range(-(1 << 63), 1 << 63)
 API_KEY_ENV = "SMETRIC_API_KEY"
 ADMIN_API_KEY_ENV = "SMETRIC_ADMIN_API_KEY"
 WORKER_API_KEY_ENV = "SMETRIC_WORKER_API_KEY"
@@ -981,7 +983,7 @@ class RouterConfig:
             raise ValueError("--replica-sync-peers needs --replica-sync-bind")
         if self.replica_sync_bind is not None and not self.replica_sync:
             raise ValueError("--replica-sync-bind and --no-replica-sync contradict each other")
-        if not -(1 << 63) <= self.follow_up_priority < 1 << 63:
+        if self.follow_up_priority not in PRIORITY_RANGE:
             raise ValueError("follow_up_priority must be a signed 64-bit integer (SGLang's)")
         if self.max_upstream_connections < 0:
             raise ValueError(
