@@ -232,6 +232,8 @@ class Spec:
     pcie: bool = True
     # the router's --follow-up-priority (0: off): follow-ups first in every instance's queue
     priority: int = 0
+    # the router's --max-concurrent-requests (0: off): admission's cluster cap
+    cap: int = 0
 
     def base_rate(self) -> float:
         """What rate 1x is, as a multiple of the trace's own rate."""
@@ -258,6 +260,7 @@ class Spec:
             + (f"-fu-{self.follow_ups}" if self.follow_ups != "trace" else "")
             + ("" if self.pcie else "-nopcie")
             + (f"-prio{self.priority}" if self.priority else "")
+            + (f"-cap{self.cap}" if self.cap else "")
         )
 
 
@@ -281,6 +284,7 @@ def sim_config(spec: Spec) -> SimConfig:
         session_hints=spec.hints,
         follow_ups=spec.follow_ups,
         follow_up_priority=spec.priority,
+        max_concurrent_requests=spec.cap,
     )
 
 

@@ -169,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"policy {name!r} (text tree) is not modelled under --pd")
         if args.pd and cfg.follow_ups != "trace":
             raise ValueError(f"--follow-ups {cfg.follow_ups} is not modelled under --pd")
+        if args.pd and cfg.max_concurrent_requests:
+            raise ValueError("--max-concurrent-requests is not modelled under --pd")
         for r in args.rate_scale:
             if r <= 0:
                 raise ValueError(f"--rate-scale values must be > 0, got {r:g}")

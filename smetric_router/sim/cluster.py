@@ -49,6 +49,7 @@ from smetric_router.engine.engine import Engine
 from smetric_router.engine.timing import TimingModel
 from smetric_router.policies.base import Policy
 from smetric_router.policies.follow_up_priority import follow_up_priority
+from smetric_router.sim.admission import RouterGate
 from smetric_router.sim.collect import with_rare_collections
 from smetric_router.sim.config import SimConfig
 from smetric_router.sim.pages import PageMapper
@@ -88,6 +89,9 @@ class RunResult:
     link_busy_s: tuple[float, ...] = ()  # per server: seconds its link was busy
     global_fetch_bytes: float = 0.0  # KV bytes read from the global tier (whole pages)
     global_write_bytes: float = 0.0  # KV bytes written through to it
+    # the router's admission (SimConfig.max_concurrent_requests): the longest a request waited
+    # there before it was placed (its record's first_token - arrival includes it)
+    longest_router_wait_s: float = 0.0
 
 
 class SimInstance:
@@ -241,6 +245,13 @@ class Cluster:
         self._windows: list[list[float]] = []
         self._pending: list[tuple[float, int, int]] = []  # arrivals to come
         self._follow: _Followers | None = None
+        self._in_flight = 0  # routed and not finished, over all instances
+        cap = cfg.max_concurrent_requests
+        self._gate = RouterGate(cap, cfg.queue_first_turn_ceiling_s) if cap > 0 else None
+        self._session_first: dict[str, int] = {}
+        self._trace: Sequence[TraceRequest] = ()
+        self._rng = random.Random(cfg.seed)
+        self._progress: Callable[[int], None] | None = None
 
     # ---- events -------------------------------------------------------------------------------
 
@@ -323,8 +334,11 @@ class Cluster:
         for rid in res.finished:
             records[int(rid)].finish = t
             self._load[inst.idx] -= 1
+            self._in_flight -= 1
             if self._follow is not None:
                 self._follow.release(records[int(rid)].trace_index, t, self._pending)
+        if res.finished:
+            self._admit(t)  # before the follow-ups just released arrive, as in the router
 
     def _account(self, idx: int, start: float, end: float, tokens: float) -> None:
         add_to_windows(
@@ -344,9 +358,6 @@ class Cluster:
             raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
         cfg = self.cfg
         mapper = PageMapper(cfg.page_size)
-        rng = random.Random(cfg.seed)
-        ps = cfg.page_size
-        session_first: dict[str, int] = {}
         order = arrival_order(trace)
         if self.policy.uses_text_tree and trace:
             blocks = _TREE_CHARS // _CHARS_PER_TOKEN // trace[0].block_size
@@ -358,45 +369,28 @@ class Cluster:
             rank[i] = pos
         waits = cfg.follow_ups != "trace"
         self._follow = _Followers(trace, at, rank, cfg.follow_ups) if waits else None
+        self._trace, self._rng, self._progress = trace, random.Random(cfg.seed), progress
         # (time, position in the trace's order, index): the trace's order breaks ties
         pending = self._pending
         pending[:] = [(at[i], rank[i], i) for i in order if self._follow is None or
                       self._follow.root[i]]  # fmt: skip
-        n = 0
+        gate = self._gate
+        arrived = 0
         while True:
             # a reply may send a follow-up before the next arrival known now, or after the last
             self._run_events(pending[0][0] if pending else math.inf)
             if not pending:
                 break
             t, _, i = heapq.heappop(pending)
-            req = trace[i]
-            text = _block_text(req.block_ids) if self.text_tree is not None else ""
-            hashes = mapper.pages(req, n)
-            prompt_pages = hashes[: req.input_len // ps]
-            features = router_features(req, prompt_pages, ps, text, cfg.session_hints)
-            idx, hit = self._decide(features, prompt_pages[: (req.input_len - 1) // ps], n, rng, t)
-            if req.turn == 0:
-                session_first[req.session] = idx
-            first = session_first.get(req.session, -1)
-            self._records.append(
-                RequestRecord(t, req.input_len, req.output_len, req.turn, idx, first, trace_index=i)
-            )
-            self._load[idx] += 1
-            new = max(req.input_len - hit, 0)
-            self._unprefilled[idx] += new
-            self._recent[idx].add(new, t)
-            self._share[n] = new
-            priority = follow_up_priority(req.router_turn, None, cfg.follow_up_priority)
-            self._dispatch(
-                self.instances[idx],
-                EngineRequest(
-                    str(n), [], [], hashes, req.input_len, max(req.output_len, 1), priority
-                ),
-                t,
-            )
-            n += 1
-            if progress is not None:
-                progress(1)
+            # pages in arrival order, whenever the request is placed: the mapper follows sessions
+            hashes = mapper.pages(trace[i], arrived)
+            arrived += 1
+            if gate is not None and (gate.queue or self._in_flight >= gate.cap):
+                gate.wait(t, i, hashes, trace[i].router_turn > 0)
+            else:
+                self._place(i, hashes, t, t)
+        if gate is not None and gate.queue:
+            raise RuntimeError(f"{len(gate.queue)} requests still wait at the router")
         return RunResult(
             self._records,
             self._windows,
@@ -405,7 +399,52 @@ class Cluster:
             tuple(link.busy_s for link in self.tiers.links),
             self.tiers.stats.fetch_bytes,
             self.tiers.stats.write_bytes,
+            gate.longest_wait_s if gate is not None else 0.0,
         )
+
+    def _place(self, i: int, hashes: list[int], arrival: float, t: float) -> None:
+        """Decide where trace request i goes and send it there at t (arrival: when its client
+        sent it; later than t only for a request the router's admission held back)."""
+        cfg = self.cfg
+        ps = cfg.page_size
+        req = self._trace[i]
+        n = len(self._records)
+        text = _block_text(req.block_ids) if self.text_tree is not None else ""
+        prompt_pages = hashes[: req.input_len // ps]
+        features = router_features(req, prompt_pages, ps, text, cfg.session_hints)
+        cacheable = prompt_pages[: (req.input_len - 1) // ps]
+        idx, hit = self._decide(features, cacheable, n, self._rng, t)
+        if req.turn == 0:
+            self._session_first[req.session] = idx
+        first = self._session_first.get(req.session, -1)
+        self._records.append(
+            RequestRecord(
+                arrival, req.input_len, req.output_len, req.turn, idx, first, trace_index=i
+            )
+        )
+        self._load[idx] += 1
+        self._in_flight += 1
+        new = max(req.input_len - hit, 0)
+        self._unprefilled[idx] += new
+        self._recent[idx].add(new, t)
+        self._share[n] = new
+        priority = follow_up_priority(req.router_turn, None, cfg.follow_up_priority)
+        self._dispatch(
+            self.instances[idx],
+            EngineRequest(str(n), [], [], hashes, req.input_len, max(req.output_len, 1), priority),
+            t,
+        )
+        if self._progress is not None:
+            self._progress(1)
+
+    def _admit(self, t: float) -> None:
+        """The router's admission at t, after requests ended: what its order admits into the
+        slots they freed is placed now, on the cluster as it is now."""
+        gate = self._gate
+        if gate is None or not gate.queue:
+            return
+        for i, hashes, arrival in gate.admit(t, gate.cap - self._in_flight):
+            self._place(i, hashes, arrival, t)
 
     def _decide(
         self,

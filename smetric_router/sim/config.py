@@ -188,6 +188,24 @@ class SimConfig:
             "instance orders its queue by it (SGLang's --enable-priority-scheduling); 0 = off",
         ),
     )
+    max_concurrent_requests: int = option(
+        0,
+        Flag(
+            "--max-concurrent-requests",
+            "the router's admission cap: at most this many requests in flight over all "
+            "instances; the others wait at the router and are placed when its order admits "
+            "them (follow-ups first; sim/admission.py says what is left out). 0 = off. "
+            "Colocated only",
+        ),
+    )
+    queue_first_turn_ceiling_s: float = option(
+        5.0,
+        Flag(
+            "--queue-first-turn-ceiling-secs",
+            "with --max-concurrent-requests: a first turn that has waited this long at the "
+            "router goes before follow-ups (the router's flag)",
+        ),
+    )
 
     follow_ups: str = option(
         "trace",
@@ -211,6 +229,8 @@ class SimConfig:
             raise ValueError(f"tier_mode must be one of {TIER_MODES}, got {self.tier_mode!r}")
         if self.follow_ups not in FOLLOW_UPS:
             raise ValueError(f"follow_ups must be one of {FOLLOW_UPS}, got {self.follow_ups!r}")
+        if self.max_concurrent_requests < 0 or self.queue_first_turn_ceiling_s < 0:
+            raise ValueError("max_concurrent_requests and queue_first_turn_ceiling_s must be >= 0")
         if self.prefetch_policy not in PREFETCH_POLICIES:
             raise ValueError(
                 f"prefetch_policy must be one of {PREFETCH_POLICIES}, got {self.prefetch_policy!r}"

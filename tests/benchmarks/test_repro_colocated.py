@@ -37,6 +37,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
         "follow_ups": "on-reply",
         "pcie": False,
         "priority": 1,
+        "cap": 64,
     }
     assert set(changed) | {"prefetch"} == {f.name for f in dataclasses.fields(rc.Spec)}
     for name, value in changed.items():
@@ -50,6 +51,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
     assert rc.sim_config(dataclasses.replace(base, follow_ups="on-reply")).follow_ups == "on-reply"
     assert not rc.sim_config(base).session_hints
     assert rc.sim_config(dataclasses.replace(base, priority=1)).follow_up_priority == 1
+    assert rc.sim_config(dataclasses.replace(base, cap=64)).max_concurrent_requests == 64
 
 
 def test_a_policys_key_follows_its_own_sources_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,54 @@
+"""The router's admission in the simulator: its cluster cap (--max-concurrent-requests) and its
+queue's order, the router's own AdmissionQueue (admission/order.py) on the virtual clock.
+
+What the router does and this keeps: at most `cap` requests in flight over all instances; a
+request that finds the cap reached, or others already waiting, waits at the router; each time
+requests end, the queue admits in its order into the slots they freed (first turns that waited
+the ceiling, then follow-ups, then the other first turns, each oldest first), and an admitted
+request is decided then, on the cluster as it is then. Its TTFT counts from when its client sent
+it.
+
+What it leaves out, named so no result leans on it: the queue's size bound and timeout (a
+request here waits until admitted: runs should report the longest wait against the router's
+--queue-timeout-secs), the per-worker bound (--max-queued-requests-per-worker), tenants and
+priorities. With the cap alone a queued request's worker does not decide whether it fits, so
+it is decided once, at admission, where the router decides at arrival and again at admission.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from smetric_router.admission.order import AdmissionQueue
+from smetric_router.admission.room import RoundRoom
+
+
+class RouterGate:
+    """The cap and the waiting requests (trace index, page hashes, arrival time)."""
+
+    def __init__(self, cap: int, ceiling_s: float) -> None:
+        if cap < 1:
+            raise ValueError(f"cap must be >= 1, got {cap}")
+        self.cap = cap
+        self.now = 0.0
+        self.queue = AdmissionQueue(sys.maxsize, math.inf, ceiling_s, lambda: self.now)
+        self._held: dict[int, tuple[int, list[int], float]] = {}
+        self.longest_wait_s = 0.0
+
+    def wait(self, t: float, index: int, hashes: list[int], follow_up: bool) -> None:
+        self.now = t
+        entry = self.queue.push(None, follow_up).entry
+        if entry is None:  # cannot happen: the queue has no size bound
+            raise RuntimeError("the router queue refused a request")
+        self._held[entry.seq] = (index, hashes, t)
+
+    def admit(self, t: float, free: int) -> list[tuple[int, list[int], float]]:
+        """What the queue admits at t into `free` slots, in its order."""
+        self.now = t
+        out = []
+        for e in self.queue.pick(RoundRoom(free, (), 0)):
+            held = self._held.pop(e.seq)
+            self.longest_wait_s = max(self.longest_wait_s, t - held[2])
+            out.append(held)
+        return out

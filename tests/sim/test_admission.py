@@ -1,0 +1,82 @@
+"""SimConfig.max_concurrent_requests: the router's admission cap in the simulator, with the
+router's own queue order (follow-ups first, first turns past the ceiling before them)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+import pytest
+
+from smetric_router.policies import make_policy
+from smetric_router.sim.__main__ import main as sim_main
+from smetric_router.sim.cluster import Cluster, RunResult
+from smetric_router.sim.config import SimConfig
+from smetric_router.traces.schema import TraceRequest
+from tests.sim.test_sim import _sessions
+
+TWO = SimConfig(instances=2, gpu_kv_tokens=1 << 16, host_kv_tokens=0)
+
+
+def _queue() -> list[TraceRequest]:
+    """A first turn, then a new session's first turn and another session's follow-up (its parent
+    replayed before the window), 1 ms apart: with a cap of 1 the last two wait at the router."""
+    trace = {r.req_id: r for r in _sessions(3, 2, gap_s=60.0)}
+    return [
+        replace(trace["s0t0"], arrival_s=0.0),
+        replace(trace["s1t0"], arrival_s=0.001),
+        replace(trace["s2t1"], arrival_s=0.002),
+    ]
+
+
+def _run(trace: list[TraceRequest], cfg: SimConfig = TWO) -> tuple[dict[str, float], RunResult]:
+    res = Cluster(cfg, make_policy("round_robin"), math.inf).run(trace)
+    return {trace[r.trace_index].req_id: r.first_token for r in res.records}, res
+
+
+def test_without_a_cap_every_request_is_placed_when_it_arrives() -> None:
+    ft, res = _run(_queue())
+    assert ft["s2t1"] < ft["s0t0"] + 0.5  # on the other instance, not after s0t0's reply
+    assert res.longest_router_wait_s == 0.0
+
+
+def test_the_cap_holds_requests_at_the_router_until_one_ends() -> None:
+    _, res = _run(_queue(), replace(TWO, max_concurrent_requests=1))
+    by_id = {_queue()[r.trace_index].req_id: r for r in res.records}
+    first, second = by_id["s0t0"], by_id["s2t1"]
+    assert second.first_token > first.finish  # placed only when s0t0 ended
+    assert second.arrival == pytest.approx(0.002)  # its TTFT counts its wait at the router
+    assert res.longest_router_wait_s >= first.finish - 0.002
+    assert len(res.records) == 3
+
+
+def test_follow_ups_are_admitted_before_first_turns_that_came_earlier() -> None:
+    ft, _ = _run(_queue(), replace(TWO, max_concurrent_requests=1))
+    assert ft["s0t0"] < ft["s2t1"] < ft["s1t0"]
+
+
+def test_a_first_turn_past_the_ceiling_goes_before_follow_ups() -> None:
+    ft, _ = _run(_queue(), replace(TWO, max_concurrent_requests=1, queue_first_turn_ceiling_s=0.0))
+    assert ft["s0t0"] < ft["s1t0"] < ft["s2t1"]
+
+
+def test_follow_ups_sent_on_the_reply_go_through_the_cap_too() -> None:
+    trace = _sessions(4, 3, gap_s=60.0)
+    for mode in ("trace", "on-reply"):
+        _, free = _run(trace, replace(TWO, follow_ups=mode))
+        _, capped = _run(trace, replace(TWO, follow_ups=mode, max_concurrent_requests=1))
+        assert len(capped.records) == len(free.records) == len(trace)
+        spans = sorted((r.first_token, r.finish) for r in capped.records)
+        # one in flight at a time: each request's first token after the previous one's reply
+        assert all(b[0] >= a[1] for a, b in itertools.pairwise(spans))
+
+
+def test_a_negative_cap_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_concurrent_requests"):
+        SimConfig(max_concurrent_requests=-1)
+
+
+def test_the_cli_refuses_the_cap_under_pd(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sim_main(["--pd", "--max-concurrent-requests", "8", "--trace", "unused.jsonl"]) == 2
+    assert "--max-concurrent-requests is not modelled under --pd" in capsys.readouterr().err
