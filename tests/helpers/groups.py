@@ -6,9 +6,12 @@ of their own; a shared stack is stopped before such a module (one real stack at 
 each), so interleaved users would start it again each time (~30 s of CPU per start).
 
 Under pytest-xdist (`make test` runs two processes), a module is the unit a process takes, so
-its module fixtures start once, and everything under tests/real_sglang is one unit: one process
-runs its real stacks one at a time (two at once would need ~13 GB) while the other runs the
-rest. That unit is the longest, so it goes first.
+its module fixtures start once, and everything under tests/real_sglang and tests/patches is one
+unit: one process runs its real stacks one at a time (two at once would need ~13 GB) while the
+other runs the rest. tests/patches belongs there because it reverts and re-applies the patches
+in the CPU SGLang env itself: a real worker started meanwhile in the other process imported
+SGLang unpatched (a fresh-clone run lost five real-SGLang tests to it). That unit is the
+longest, so it goes first.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import pytest
 
 SHARED_STACK_FIXTURES = ("sglang_stack", "mooncake_stack")
-REAL_SGLANG = "tests/real_sglang/"
+REAL_SGLANG = ("tests/real_sglang/", "tests/patches/")  # the tests that use the SGLang env
 
 
 def group_of(item: pytest.Item) -> str:
@@ -36,7 +39,7 @@ def keep_groups_together(items: list[pytest.Item]) -> None:
 
 def worker_unit(nodeid: str) -> str:
     """The unit one pytest-xdist process runs whole: all of tests/real_sglang (its shared
-    stacks' users included), else the test's module."""
+    stacks' users included) and tests/patches, else the test's module."""
     return "real-sglang" if nodeid.startswith(REAL_SGLANG) else nodeid.split("::", 1)[0]
 
 
