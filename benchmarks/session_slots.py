@@ -1,23 +1,22 @@
-"""A probe for the router's admission: keep the slot a request frees for its session's next turn
-(simulator, modelled; the router does not do this).
+"""Slots kept for a session's next turn (the router's --queue-session-grace-secs) behind its
+admission cap, on the on-reply cells (simulator, modelled).
 
-    python -m benchmarks.session_slots --jobs 2      # 3 seeds x 2 rates x 2 caps (~5 min)
+    python -m benchmarks.session_slots --jobs 2      # 3 seeds x 2 rates x 6 cells (~6 min)
     python -m benchmarks.session_slots --report-only
 
 on_reply_classes.md found that with follow-ups sent on the reply a first-come queue, at the
 router or in the workers, spreads the wait over every session, and each session that waits
 loses its history on its holder; `lmetric` leads `smetric` by putting the wait on a few sessions
-instead. This asks what the router's admission would gain by making that trade on purpose: with
-the cap (--max-concurrent-requests) reached, the slot of a request that ends is kept for
-GRACE_S for the request that continues it, which takes it without queueing; a slot nobody claims
-goes back to the queue. The router could match the two from what it computes already: the kept
-slot is keyed by the ended prompt's last full page hash, and a follow-up claims it when its own
-prompt holds that page (it re-sends the history). The probe matches them the same way, on the
-simulator's page hashes, so a sub-agent re-using its parent's context may take the slot too.
+instead. Kept slots (admission/slots.py) make that trade on purpose: with the cap
+(--max-concurrent-requests) reached, the slot of a request that ends is kept GRACE_S for the
+request that continues it, which takes it without queueing; a slot nobody claims goes back to
+the queue. The simulator runs the router's own KeptSlots, keyed as the router keys them (the
+ended prompt's last full page hash, claimed by a follow-up whose prompt holds that page), so a
+sub-agent re-using its parent's context may take the slot too.
 
 Everything else is the simulator's model of the router's admission (sim/admission.py: its queue
-order, no timeout). Writes benchmarks/results/session-slots.md: `smetric` without a cap, behind
-the plain cap and with kept slots, and the paper's `lmetric`, per seed and mean [min-max].
+order, no queue timeout). Writes benchmarks/results/session-slots.md: `smetric` without a cap,
+behind the plain cap and with kept slots, and the paper's `lmetric`, per seed and mean [min-max].
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import math
 import multiprocessing
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,122 +34,14 @@ import numpy as np
 import orjson
 
 from benchmarks import repro_colocated as rc
-from smetric_router.engine.timing import TimingModel
 from smetric_router.policies import make_policy
-from smetric_router.policies.base import Policy
-from smetric_router.sim.admission import RouterGate
 from smetric_router.sim.cluster import Cluster
-from smetric_router.sim.config import SimConfig
 from smetric_router.sim.metrics import summarize
 from smetric_router.sim.report import spread
 
 RATES = (1.0, 1.25)
 CAPS = (48, 56)  # 6 and 7 requests an instance of 8: below what an instance's KV holds
 GRACE_S = 1.0  # on the reply the next turn comes at once; a gap longer than this frees the slot
-
-
-class KeepingGate(RouterGate):
-    """The router's gate whose arrivals first try the slots kept for them."""
-
-    def __init__(self, cluster: SessionSlots, cap: int, ceiling_s: float) -> None:
-        super().__init__(cap, ceiling_s)
-        self.cluster = cluster
-
-    def wait(self, t: float, index: int, hashes: list[int], follow_up: bool) -> None:
-        c = self.cluster
-        c.expire(t)
-        if follow_up and c.claim(index, hashes):
-            c.place_claimed(index, hashes, t)
-            return
-        super().wait(t, index, hashes, follow_up)
-        c.admit_now(t)  # slots that expired just now go to the queue, this request included
-
-
-class SessionSlots(Cluster):
-    """The simulated cluster behind a router whose admission keeps slots (module docstring)."""
-
-    def __init__(
-        self, cfg: SimConfig, policy: Policy, ratio: float, timing: TimingModel, grace_s: float
-    ) -> None:
-        super().__init__(cfg, policy, ratio, timing=timing)
-        if cfg.max_concurrent_requests < 1:
-            raise ValueError("kept slots need the admission cap")
-        self._gate = KeepingGate(self, cfg.max_concurrent_requests, cfg.queue_first_turn_ceiling_s)
-        self.grace_s = grace_s
-        self.kept: dict[int, list[float]] = {}  # page hash -> expiry of each slot kept under it
-        self._key: dict[int, int] = {}  # request in flight -> its prompt's last full page hash
-        self.claims = 0
-        self._placing = False  # placing an admitted or claiming request: no claim to make
-
-    def _page_key(self, index: int, hashes: list[int]) -> int | None:
-        full = self._trace[index].input_len // self.cfg.page_size
-        return hashes[full - 1] if full else None
-
-    def claim(self, index: int, hashes: list[int]) -> bool:
-        """Take a slot kept for a prompt this one continues."""
-        full = self._trace[index].input_len // self.cfg.page_size
-        for h in hashes[:full]:
-            times = self.kept.get(h)
-            if times:
-                times.pop(0)
-                if not times:
-                    del self.kept[h]
-                self.claims += 1
-                return True
-        return False
-
-    def place_claimed(self, index: int, hashes: list[int], t: float) -> None:
-        self._in_flight -= 1  # the kept slot passes to this request
-        self._placing = True
-        self._place(index, hashes, t, t)
-        self._placing = False
-
-    def expire(self, t: float) -> None:
-        for h in [h for h, times in self.kept.items() if times[0] <= t]:
-            times = self.kept[h]
-            while times and times[0] <= t:
-                times.pop(0)
-                self._in_flight -= 1
-            if not times:
-                del self.kept[h]
-
-    def admit_now(self, t: float) -> None:
-        self._placing = True
-        super()._admit(t)
-        self._placing = False
-
-    def _place(self, i: int, hashes: list[int], arrival: float, t: float) -> None:
-        # a follow-up that arrives while there is room still takes its session's kept slot
-        if not self._placing and self._trace[i].router_turn > 0 and self.claim(i, hashes):
-            self._in_flight -= 1
-        key = self._page_key(i, hashes)
-        n = len(self._records)
-        super()._place(i, hashes, arrival, t)
-        if key is not None:
-            self._key[n] = key
-
-    def _admit(self, t: float) -> None:
-        self.expire(t)
-        self.admit_now(t)
-
-    def _deliver(self, inst: Any, res: Any, t: float) -> None:
-        for rid in res.finished:
-            key = self._key.pop(int(rid), None)
-            if key is not None:
-                self.kept.setdefault(key, []).append(t + self.grace_s)
-                self._in_flight += 1  # stays taken: the parent's _deliver frees it
-        super()._deliver(inst, res, t)
-
-    def _run_events(self, until: float) -> None:
-        while True:
-            super()._run_events(until)
-            if self._heap or not self.kept:
-                return
-            # nothing runs: kept slots expire at their time unless an arrival claims them first
-            first = min(times[0] for times in self.kept.values())
-            if first > until or (self._pending and first > self._pending[0][0]):
-                return  # an arrival comes first (a reply may just have sent one)
-            self._admit(first)
 
 
 def spec_of(cap: int, rate: float, seed: int) -> rc.Spec:
@@ -171,13 +63,11 @@ def run(cap: int, grace: float, rate: float, seed: int) -> dict[str, Any]:
     if path.exists():
         cached: dict[str, Any] = orjson.loads(path.read_bytes())
         return cached
-    cfg = rc.sim_config(spec)
+    cfg = replace(rc.sim_config(spec), queue_session_grace_s=grace)
     pol = make_policy(policy, cfg.params)
     stretch = spec.rate * spec.base_rate() * spec.instances / 32
     t0 = time.perf_counter()
-    timing = rc.timing(spec, cfg)
-    sim = SessionSlots(cfg, pol, spec.ratio, timing, grace) if grace > 0 else \
-        Cluster(cfg, pol, spec.ratio, timing=timing)  # fmt: skip
+    sim = Cluster(cfg, pol, spec.ratio, timing=rc.timing(spec, cfg))
     res = sim.run(rc.trace(seed), stretch)
     ttft = np.array([r.first_token - r.arrival for r in res.records])
     out = {
@@ -187,7 +77,7 @@ def run(cap: int, grace: float, rate: float, seed: int) -> dict[str, Any]:
                                   for r in res.records])),
         "ttft_p90": float(np.percentile(ttft, 90)), "ttft_p99": float(np.percentile(ttft, 99)),
         "ttft_max": float(ttft.max()), "router_wait_max": res.longest_router_wait_s,
-        "claims": sim.claims if isinstance(sim, SessionSlots) else 0,
+        "claims": res.kept_slot_claims,
         "requests": len(res.records), "wall_s": time.perf_counter() - t0,
     }  # fmt: skip
     rc.CACHE.mkdir(parents=True, exist_ok=True)
@@ -259,14 +149,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = [run(*x) for x in todo]
     wall = sum(r["wall_s"] for r in rows) / 60
     lines = [
-        "# Slots kept for a session's next turn: a probe for the router's admission "
+        "# Slots kept for a session's next turn behind the router's admission cap "
         "(simulator, modelled)",
         "",
         f"Command: `python -m benchmarks.session_slots --jobs 2` at commit {rc.commit()} (model "
         f"hash {rc.CODE_VERSION['model']}; {len(rows)} runs, {wall:.1f} min of simulation on "
-        "the shared 2-core machine). Simulated, not measured; **the router does not keep slots**: "
-        "this measures what it would gain (benchmarks/session_slots.py says how it would match "
-        "a follow-up to the slot its session left).",
+        "the shared 2-core machine). Simulated, not measured. Kept slots: the router's "
+        "`--queue-session-grace-secs`, modelled with its own KeptSlots (admission/slots.py).",
         "",
         f"Setting: on_reply_classes.md's: trace `{rc.STUDY.command('S')}` for S in "
         f"{', '.join(map(str, rc.SEEDS))}, {rc.SCALE_INSTANCES} instances, profile "

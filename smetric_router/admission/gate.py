@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from smetric_router.admission.metrics import (
@@ -22,6 +22,7 @@ from smetric_router.admission.metrics import (
 from smetric_router.admission.order import ANONYMOUS, AdmissionQueue, Entry
 from smetric_router.admission.pace import Pace
 from smetric_router.admission.room import RoundRoom, WorkerRoom
+from smetric_router.admission.slots import KeptSlots
 from smetric_router.admission.usage import SlotUse
 
 # How often a non-empty queue is re-checked against the workers' reports: a worker's room
@@ -36,6 +37,9 @@ class AdmissionConfig:
     timeout_s: float
     ceiling_s: float  # a first turn's wait after which it goes before follow-ups
     max_queued_per_worker: int  # 0: workers' queues not checked
+    # with the cap: how long the slot a request frees is kept for the request continuing its
+    # conversation (admission/slots.py); 0: not kept
+    session_grace_s: float = 0.0
 
     @property
     def retry_after(self) -> int:
@@ -67,10 +71,12 @@ class Ticket:
         self.waited_s = waited_s
         self.tenant = tenant
 
-    def release(self) -> None:
+    def release(self, keep: int | None = None) -> None:
+        """keep: the last full page hash of the request's prompt, under which its slot is kept
+        for the follow-up that continues it, where the gate keeps slots (admission/slots.py)."""
         if not self._released:
             self._released = True
-            self._gate._release(self.tenant)
+            self._gate._release(self.tenant, keep)
 
 
 class Gate:
@@ -92,6 +98,8 @@ class Gate:
             config.queue_size, config.timeout_s, config.ceiling_s, clock, weights
         )
         self._waiters: dict[int, asyncio.Future[int]] = {}
+        grace = config.session_grace_s if config.max_concurrent is not None else 0.0
+        self._kept = KeptSlots(grace, clock) if grace > 0 else None
         self._admissions = itertools.count(1)
         self._timer: asyncio.Task[None] | None = None
         self.metrics = metrics(self)
@@ -104,13 +112,26 @@ class Gate:
         return self._queue.counts()
 
     async def admit(
-        self, worker: str | None, follow_up: bool, tenant: str = ANONYMOUS, priority: int = 0
+        self,
+        worker: str | None,
+        follow_up: bool,
+        tenant: str = ANONYMOUS,
+        priority: int = 0,
+        pages: Sequence[int] = (),
     ) -> Ticket:
         """Wait for room for a request bound to `worker` (None: any); raises Shed when it is
         refused or times out. Cancelling the caller takes its entry out of the queue at once.
-        tenant and priority place it in the queue's order (admission/order.py)."""
+        tenant and priority place it in the queue's order (admission/order.py). pages: a
+        follow-up's prompt page hashes, with which it takes a slot its conversation's previous
+        request left kept (admission/slots.py) before any queue."""
         started = self._clock()
         label = kind(follow_up)
+        self._expire_kept()
+        # the kept page is the previous prompt's last: from the end, it is found sooner
+        if follow_up and self._kept is not None and self._kept.claim(reversed(pages)):
+            self.metrics.session_slots.labels("claimed").inc()
+            self.running -= 1  # the kept slot passes to this request, which _admitted counts
+            return self._admitted(follow_up, tenant)
         if not self._queue:  # nothing waits ahead of it
             room = self._room()
             if room.fits(worker):
@@ -167,14 +188,28 @@ class Gate:
             self.config.max_queued_per_worker,
         )
 
-    def _release(self, tenant: str) -> None:
-        self.running -= 1
+    def _release(self, tenant: str, keep: int | None = None) -> None:
         self._use.end(tenant)
+        if keep is not None and self._kept is not None:
+            self._kept.keep(keep)  # still running: the slot waits for its follow-up
+            self.metrics.session_slots.labels("kept").inc()
+            return
+        self.running -= 1
         if self._queue:
             self._wake()
 
+    def _expire_kept(self) -> None:
+        """Kept slots nobody claimed in time go back to the queue."""
+        if self._kept is None:
+            return
+        n = self._kept.expire()
+        if n:
+            self.running -= n
+            self.metrics.session_slots.labels("expired").inc(n)
+
     def _wake(self) -> None:
         """Shed what timed out, then admit in order what fits."""
+        self._expire_kept()
         for e in self._queue.expired():
             waited = self.config.timeout_s
             self._shed(e, TIMEOUT, f"no room within the queue timeout ({waited:g} s)")

@@ -58,7 +58,8 @@ class AdmissionMetrics:
         if running is not None:
             n = Gauge(
                 "smetric_admission_running",
-                "Requests admitted and not yet answered (bounded by --max-concurrent-requests)",
+                "Requests admitted and not yet answered, and slots kept for a conversation's "
+                "next turn (bounded by --max-concurrent-requests)",
                 registry=r,
             )
             n.set_function(lambda: float(running()))
@@ -76,6 +77,14 @@ class AdmissionMetrics:
             "a follow-up or a tenant under its share took its place in a full queue, HTTP 429; "
             "cancelled: the client went away), kind and tenant",
             ["reason", "kind", "tenant"],
+            registry=r,
+        )
+        self.session_slots = Counter(
+            "smetric_admission_session_slots",
+            "Slots kept for a conversation's next turn (--queue-session-grace-secs), by outcome: "
+            "kept when a request ended, claimed by the request continuing it, expired unclaimed "
+            "(back to the queue)",
+            ["outcome"],
             registry=r,
         )
         self.wait = Histogram(

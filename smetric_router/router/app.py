@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -589,7 +589,10 @@ async def _generate(
         # follow-up stays with its holder unless the policy would move it anyway.
         follow_up = turn > 0
         bound = first.decision.worker if follow_up else None
-        ticket = await _admit(state, request, bound, follow_up, features.prompt_len, priority)
+        pages = features.page_hashes if follow_up else ()
+        ticket = await _admit(
+            state, request, bound, follow_up, features.prompt_len, priority, pages
+        )
     try:
         if ticket is not None and ticket.waited_s > 0:
             decided = await _decide(state, router, features, model, probed, l3, later)
@@ -604,7 +607,8 @@ async def _generate(
         )
     finally:
         if ticket is not None:
-            ticket.release()
+            # where slots are kept, under the prompt's last full page: the next turn holds it
+            ticket.release(features.page_hashes[-1] if features.page_hashes else None)
 
 
 async def _decide(
@@ -660,9 +664,11 @@ async def _admit(
     follow_up: bool,
     tokens: int = 0,
     priority: int = 0,
+    pages: Sequence[int] = (),
 ) -> Ticket | None:
     """Charge the tenant's rate limits, then wait for room (None: no admission queue); a
-    refusal is answered 429. A request the queue sheds gets its charge back."""
+    refusal is answered 429. A request the queue sheds gets its charge back. pages: a
+    follow-up's prompt pages, to take a slot kept for its conversation."""
     metrics = state.admission_metrics
     if metrics is None:
         return None
@@ -679,7 +685,7 @@ async def _admit(
         metrics.wait.labels(label, name).observe(0.0)
         return None
     try:
-        ticket = await state.admission.admit(worker, follow_up, name, priority)
+        ticket = await state.admission.admit(worker, follow_up, name, priority, pages)
     except Shed as e:
         if state.limits is not None:
             state.limits.refund(name, tokens)

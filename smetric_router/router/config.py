@@ -606,6 +606,17 @@ class RouterConfig:
             group=ADMISSION,
         ),
     )
+    queue_session_grace_secs: float = option(
+        0.0,
+        Flag(
+            "--queue-session-grace-secs",
+            "with --max-concurrent-requests: the slot a request frees when it ends is kept this "
+            "long for the request that continues its conversation (a follow-up whose prompt "
+            "holds the ended prompt), which takes it without queueing: running sessions keep "
+            "their slots and new ones wait for a slot nobody claims. 0 = not kept",
+            group=ADMISSION,
+        ),
+    )
     # Circuit breaking (smetric_router/breaker/): names as smg's where smg has the flag.
     disable_circuit_breaker: bool = option(
         False,
@@ -999,6 +1010,12 @@ class RouterConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.queue_timeout_secs <= 0 or self.queue_first_turn_ceiling_secs < 0:
             raise ValueError("queue_timeout_secs must be > 0, queue_first_turn_ceiling_secs >= 0")
+        if not self.queue_session_grace_secs >= 0:
+            raise ValueError(
+                f"queue_session_grace_secs must be >= 0, got {self.queue_session_grace_secs}"
+            )
+        if self.queue_session_grace_secs and not self.max_concurrent_requests:
+            raise ValueError("--queue-session-grace-secs keeps slots of --max-concurrent-requests")
         self.breaker()  # so that a bad circuit flag stops the start, not the first request
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
@@ -1168,6 +1185,7 @@ class RouterConfig:
             timeout_s=self.queue_timeout_secs,
             ceiling_s=self.queue_first_turn_ceiling_secs,
             max_queued_per_worker=self.max_queued_requests_per_worker,
+            session_grace_s=self.queue_session_grace_secs,
         )
 
     def breaker(self) -> BreakerConfig | None:

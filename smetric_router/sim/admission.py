@@ -8,6 +8,11 @@ the ceiling, then follow-ups, then the other first turns, each oldest first), an
 request is decided then, on the cluster as it is then. Its TTFT counts from when its client sent
 it.
 
+With a grace (SimConfig.queue_session_grace_s, the router's --queue-session-grace-secs) the
+slot a request frees is kept for the request continuing its conversation, the router's own
+KeptSlots (admission/slots.py) keyed the same way: the ended prompt's last full page hash, claimed
+by a follow-up whose prompt holds that page when it arrives.
+
 What it leaves out, named so no result leans on it: the queue's size bound and timeout (a
 request here waits until admitted: runs should report the longest wait against the router's
 --queue-timeout-secs), the per-worker bound (--max-queued-requests-per-worker), tenants and
@@ -22,12 +27,13 @@ import sys
 
 from smetric_router.admission.order import AdmissionQueue
 from smetric_router.admission.room import RoundRoom
+from smetric_router.admission.slots import KeptSlots
 
 
 class RouterGate:
     """The cap and the waiting requests (trace index, page hashes, arrival time)."""
 
-    def __init__(self, cap: int, ceiling_s: float) -> None:
+    def __init__(self, cap: int, ceiling_s: float, grace_s: float = 0.0) -> None:
         if cap < 1:
             raise ValueError(f"cap must be >= 1, got {cap}")
         self.cap = cap
@@ -35,6 +41,37 @@ class RouterGate:
         self.queue = AdmissionQueue(sys.maxsize, math.inf, ceiling_s, lambda: self.now)
         self._held: dict[int, tuple[int, list[int], float]] = {}
         self.longest_wait_s = 0.0
+        self.kept = KeptSlots(grace_s, lambda: self.now) if grace_s > 0 else None
+        self.claims = 0
+
+    def keep(self, t: float, key: int | None) -> bool:
+        """Keep an ended request's slot under its prompt's last full page; False: not kept
+        (no grace, or a prompt shorter than a page), the slot is free."""
+        if self.kept is None or key is None:
+            return False
+        self.now = t
+        self.kept.keep(key)
+        return True
+
+    def claim(self, t: float, pages: list[int]) -> bool:
+        """An arriving follow-up takes a slot kept under one of its prompt's pages."""
+        if self.kept is None:
+            return False
+        self.now = t
+        if self.kept.claim(reversed(pages)):
+            self.claims += 1
+            return True
+        return False
+
+    def expire(self, t: float) -> int:
+        """Kept slots whose grace ended by t: how many went back to the queue."""
+        if self.kept is None:
+            return 0
+        self.now = t
+        return self.kept.expire()
+
+    def next_expiry(self) -> float | None:
+        return None if self.kept is None else self.kept.next_expiry()
 
     def wait(self, t: float, index: int, hashes: list[int], follow_up: bool) -> None:
         self.now = t

@@ -92,6 +92,7 @@ class RunResult:
     # the router's admission (SimConfig.max_concurrent_requests): the longest a request waited
     # there before it was placed (its record's first_token - arrival includes it)
     longest_router_wait_s: float = 0.0
+    kept_slot_claims: int = 0  # follow-ups that took a slot kept for them (queue_session_grace_s)
 
 
 class SimInstance:
@@ -247,7 +248,12 @@ class Cluster:
         self._follow: _Followers | None = None
         self._in_flight = 0  # routed and not finished, over all instances
         cap = cfg.max_concurrent_requests
-        self._gate = RouterGate(cap, cfg.queue_first_turn_ceiling_s) if cap > 0 else None
+        self._gate = (
+            RouterGate(cap, cfg.queue_first_turn_ceiling_s, cfg.queue_session_grace_s)
+            if cap > 0
+            else None
+        )
+        self._keys: dict[int, int] = {}  # request in flight -> its prompt's last full page hash
         self._session_first: dict[str, int] = {}
         self._trace: Sequence[TraceRequest] = ()
         self._rng = random.Random(cfg.seed)
@@ -331,10 +337,12 @@ class Cluster:
             if rec.first_token < 0:
                 rec.first_token = t
                 self._unprefilled[inst.idx] -= self._share.pop(int(rid))
+        gate = self._gate
         for rid in res.finished:
             records[int(rid)].finish = t
             self._load[inst.idx] -= 1
-            self._in_flight -= 1
+            if gate is None or not gate.keep(t, self._keys.pop(int(rid), None)):
+                self._in_flight -= 1  # a kept slot stays taken until claimed or expired
             if self._follow is not None:
                 self._follow.release(records[int(rid)].trace_index, t, self._pending)
         if res.finished:
@@ -379,14 +387,25 @@ class Cluster:
         while True:
             # a reply may send a follow-up before the next arrival known now, or after the last
             self._run_events(pending[0][0] if pending else math.inf)
+            if self._expire_idle():
+                continue
             if not pending:
                 break
             t, _, i = heapq.heappop(pending)
             # pages in arrival order, whenever the request is placed: the mapper follows sessions
             hashes = mapper.pages(trace[i], arrived)
             arrived += 1
-            if gate is not None and (gate.queue or self._in_flight >= gate.cap):
-                gate.wait(t, i, hashes, trace[i].router_turn > 0)
+            if gate is None:
+                self._place(i, hashes, t, t)
+                continue
+            self._in_flight -= gate.expire(t)
+            follow_up = trace[i].router_turn > 0
+            if follow_up and gate.claim(t, hashes[: trace[i].input_len // cfg.page_size]):
+                self._in_flight -= 1  # the kept slot passes to it: _place counts it again
+                self._place(i, hashes, t, t)
+            elif gate.queue or self._in_flight >= gate.cap:
+                gate.wait(t, i, hashes, follow_up)
+                self._admit(t)  # slots that expired just now go to the queue, this one included
             else:
                 self._place(i, hashes, t, t)
         if gate is not None and gate.queue:
@@ -400,6 +419,7 @@ class Cluster:
             self.tiers.stats.fetch_bytes,
             self.tiers.stats.write_bytes,
             gate.longest_wait_s if gate is not None else 0.0,
+            gate.claims if gate is not None else 0,
         )
 
     def _place(self, i: int, hashes: list[int], arrival: float, t: float) -> None:
@@ -424,6 +444,8 @@ class Cluster:
         )
         self._load[idx] += 1
         self._in_flight += 1
+        if self._gate is not None and self._gate.kept is not None and req.input_len >= ps:
+            self._keys[n] = hashes[req.input_len // ps - 1]
         new = max(req.input_len - hit, 0)
         self._unprefilled[idx] += new
         self._recent[idx].add(new, t)
@@ -439,12 +461,28 @@ class Cluster:
 
     def _admit(self, t: float) -> None:
         """The router's admission at t, after requests ended: what its order admits into the
-        slots they freed is placed now, on the cluster as it is now."""
+        slots they freed (and the kept slots that expired) is placed now, on the cluster as it
+        is now."""
         gate = self._gate
-        if gate is None or not gate.queue:
+        if gate is None:
+            return
+        self._in_flight -= gate.expire(t)
+        if not gate.queue:
             return
         for i, hashes, arrival in gate.admit(t, gate.cap - self._in_flight):
             self._place(i, hashes, arrival, t)
+
+    def _expire_idle(self) -> bool:
+        """Nothing runs and requests wait at the router behind kept slots: the first slot's
+        grace ends before the next arrival (which might claim it). True when it admitted."""
+        gate = self._gate
+        if gate is None or self._heap or not gate.queue:
+            return False
+        due = gate.next_expiry()
+        if due is None or (self._pending and self._pending[0][0] <= due):
+            return False
+        self._admit(due)
+        return True
 
     def _decide(
         self,

@@ -206,6 +206,14 @@ class SimConfig:
             "router goes before follow-ups (the router's flag)",
         ),
     )
+    queue_session_grace_s: float = option(
+        0.0,
+        Flag(
+            "--queue-session-grace-secs",
+            "with --max-concurrent-requests: the slot a request frees is kept this long for the "
+            "follow-up continuing its conversation (the router's flag); 0 = not kept",
+        ),
+    )
 
     follow_ups: str = option(
         "trace",
@@ -231,6 +239,12 @@ class SimConfig:
             raise ValueError(f"follow_ups must be one of {FOLLOW_UPS}, got {self.follow_ups!r}")
         if self.max_concurrent_requests < 0 or self.queue_first_turn_ceiling_s < 0:
             raise ValueError("max_concurrent_requests and queue_first_turn_ceiling_s must be >= 0")
+        if not self.queue_session_grace_s >= 0:
+            raise ValueError(
+                f"queue_session_grace_s must be >= 0, got {self.queue_session_grace_s}"
+            )
+        if self.queue_session_grace_s and not self.max_concurrent_requests:
+            raise ValueError("queue_session_grace_s keeps slots of max_concurrent_requests")
         if self.prefetch_policy not in PREFETCH_POLICIES:
             raise ValueError(
                 f"prefetch_policy must be one of {PREFETCH_POLICIES}, got {self.prefetch_policy!r}"

@@ -33,6 +33,8 @@ def test_flags_make_the_gates_settings() -> None:
     assert config.admission() == AdmissionConfig(8, 3, 2.5, 1.0, 0)
     per_worker = RouterConfig(max_queued_requests_per_worker=4).admission()
     assert per_worker == AdmissionConfig(None, 100, 60.0, 5.0, 4)
+    kept = config_from_args(["--max-concurrent-requests", "8", "--queue-session-grace-secs", "2"])
+    assert kept.admission() == AdmissionConfig(8, 100, 60.0, 5.0, 0, session_grace_s=2.0)
     state = RouterState(config, _no_features, None, None, None)
     assert state.admission is not None
     assert admission_headers in build_app(state).on_response_prepare
@@ -48,7 +50,8 @@ def test_retry_after_is_the_timeout_in_whole_seconds_within_bounds() -> None:
 @pytest.mark.parametrize(
     "argv",
     [["--max-concurrent-requests", "-1"], ["--queue-size", "-1"], ["--queue-timeout-secs", "0"],
-     ["--max-queued-requests-per-worker", "-2"]],
+     ["--max-queued-requests-per-worker", "-2"], ["--queue-session-grace-secs", "1"],
+     ["--max-concurrent-requests", "4", "--queue-session-grace-secs", "-1"]],
 )  # fmt: skip
 def test_bad_admission_flags_exit_with_usage_error(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as e:

@@ -18,10 +18,11 @@ def make_gate(
     timeout: float = 30.0,
     rooms: list[WorkerRoom] | None = None,
     max_queued: int = 0,
+    grace: float = 0.0,
 ) -> tuple[Gate, FakeClock, CollectorRegistry]:
     clock = FakeClock()
     registry = CollectorRegistry()
-    config = AdmissionConfig(cap, size, timeout, 5.0, max_queued)
+    config = AdmissionConfig(cap, size, timeout, 5.0, max_queued, grace)
 
     def metrics(g: Gate) -> AdmissionMetrics:
         return AdmissionMetrics(registry, ["anonymous"], g.queued_by_tenant, lambda: g.running)

@@ -1,5 +1,6 @@
 """SimConfig.max_concurrent_requests: the router's admission cap in the simulator, with the
-router's own queue order (follow-ups first, first turns past the ceiling before them)."""
+router's own queue order (follow-ups first, first turns past the ceiling before them) and its
+kept session slots (queue_session_grace_s)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,42 @@ def test_follow_ups_sent_on_the_reply_go_through_the_cap_too() -> None:
         spans = sorted((r.first_token, r.finish) for r in capped.records)
         # one in flight at a time: each request's first token after the previous one's reply
         assert all(b[0] >= a[1] for a, b in itertools.pairwise(spans))
+
+
+ON_REPLY = replace(TWO, follow_ups="on-reply", max_concurrent_requests=1)
+
+
+def _two_sessions() -> list[TraceRequest]:
+    """Two sessions of two turns; the second session's first turn queues behind the first's."""
+    trace = {r.req_id: r for r in _sessions(2, 2, gap_s=60.0)}
+    return [
+        replace(trace["s0t0"], arrival_s=0.0),
+        replace(trace["s1t0"], arrival_s=0.001),
+        trace["s0t1"],
+        trace["s1t1"],
+    ]
+
+
+def test_the_plain_cap_gives_a_freed_slot_to_the_queue() -> None:
+    ft, res = _run(_two_sessions(), ON_REPLY)
+    assert ft["s0t0"] < ft["s1t0"] < ft["s0t1"]
+    assert res.kept_slot_claims == 0
+
+
+def test_a_kept_slot_goes_to_the_sessions_next_turn_first() -> None:
+    trace = _two_sessions()
+    ft, res = _run(trace, replace(ON_REPLY, queue_session_grace_s=1.0))
+    assert ft["s0t0"] < ft["s0t1"] < ft["s1t0"] < ft["s1t1"]
+    assert res.kept_slot_claims == 2  # s0t1 and s1t1 each took the slot its session left
+    # s1t0 waited for s0t1's slot, which nobody claimed, to come back after the grace
+    s0t1 = next(r for r in res.records if trace[r.trace_index].req_id == "s0t1")
+    assert ft["s1t0"] >= s0t1.finish + 1.0
+    assert res.longest_router_wait_s >= s0t1.finish + 1.0 - 0.001
+
+
+def test_kept_slots_need_the_cap() -> None:
+    with pytest.raises(ValueError, match="max_concurrent_requests"):
+        replace(TWO, queue_session_grace_s=1.0)
 
 
 def test_a_negative_cap_is_refused() -> None:
