@@ -134,6 +134,15 @@ ROUTERS: dict[str, RouterDef] = {
     # the default asking the workers to take follow-ups before new sessions in their queues
     # (with it in a run, every run's workers get --enable-priority-scheduling)
     "smetric-prio1": RouterDef("smetric", "smetric", (PRIORITY_FLAG, "1")),
+    # the default behind the router's admission cap of 16 requests in flight (compare-knee's 4
+    # workers hold about 4 sessions' KV each), and the same keeping the slot a request frees for
+    # the follow-up that continues it (docs/admission.md, "Slots kept for a session's next turn")
+    "smetric-cap16": RouterDef("smetric", "smetric", ("--max-concurrent-requests", "16")),
+    "smetric-slots16": RouterDef(
+        "smetric",
+        "smetric",
+        ("--max-concurrent-requests", "16", "--queue-session-grace-secs", "1"),
+    ),
     # four router processes on one port, the kernel spreading connections between them, as four
     # replicas behind an L4 load balancer; they publish their in-flight counts to each other
     "smetric-x4": RouterDef("smetric", "smetric", ("--processes", "4")),
