@@ -225,6 +225,17 @@ def report(rows: Sequence[dict[str, Any]]) -> list[str]:
     return body + rc.md_table(head2, table2)
 
 
+def setting() -> str:
+    """The on-reply cells' setting, as the results files state it."""
+    return (
+        f"trace `{rc.STUDY.command('S')}` for S in {', '.join(map(str, rc.SEEDS))}, "
+        f"{rc.SCALE_INSTANCES} instances, profile h20-qwen3-coder-30b-a3b, a full global tier "
+        "(paper mode), each follow-up sent the moment its previous reply ends; rate 1.0x = "
+        f"{rc.BASE_RATE} x the trace's arrival rate x {rc.SCALE_INSTANCES}/32. SLO TTFT 2 s + "
+        "0.12 ms per input token, TPOT 30 ms."
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--jobs", type=int, default=1, help="simulations in parallel (processes)")
@@ -245,15 +256,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"(model hash {rc.CODE_VERSION['model']}; {len(rows)} runs, {wall:.1f} min of "
         "simulation on the shared 2-core machine). Simulated, not measured.",
         "",
-        f"Setting: the priority figure's on-reply cells without priority, and `smetric` behind "
+        "Setting: the priority figure's on-reply cells without priority, and `smetric` behind "
         "the router's admission cap (`--max-concurrent-requests`, modelled with the router's "
-        "own queue order; smetric_router/sim/NOTES.md): trace "
-        f"`{rc.STUDY.command('S')}` for S in {', '.join(map(str, rc.SEEDS))}, "
-        f"{rc.SCALE_INSTANCES} instances, profile h20-qwen3-coder-30b-a3b, a full global tier "
-        "(paper mode), each follow-up sent the moment its previous reply ends; rate 1.0x = "
-        f"{rc.BASE_RATE} x the trace's arrival rate x {rc.SCALE_INSTANCES}/32. SLO TTFT 2 s + "
-        "0.12 ms per input token. Classes by what the router saw when it placed the request "
-        "(benchmarks/on_reply_classes.py). Mean [min–max] over the trace seeds.",
+        f"own queue order; smetric_router/sim/NOTES.md): {setting()} Classes by what the router "
+        "saw when it placed the request (benchmarks/on_reply_classes.py). Mean [min–max] over "
+        "the trace seeds.",
         "",
         *report(rows),
     ]

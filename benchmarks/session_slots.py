@@ -34,6 +34,7 @@ import numpy as np
 import orjson
 
 from benchmarks import repro_colocated as rc
+from benchmarks.on_reply_classes import setting
 from smetric_router.policies import make_policy
 from smetric_router.sim.cluster import Cluster
 from smetric_router.sim.metrics import summarize
@@ -157,11 +158,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "the shared 2-core machine). Simulated, not measured. Kept slots: the router's "
         "`--queue-session-grace-secs`, modelled with its own KeptSlots (admission/slots.py).",
         "",
-        f"Setting: on_reply_classes.md's: trace `{rc.STUDY.command('S')}` for S in "
-        f"{', '.join(map(str, rc.SEEDS))}, {rc.SCALE_INSTANCES} instances, profile "
-        "h20-qwen3-coder-30b-a3b, a full global tier (paper mode), each follow-up sent the "
-        f"moment its previous reply ends; rate 1.0x = {rc.BASE_RATE} x the trace's arrival rate "
-        f"x {rc.SCALE_INSTANCES}/32. SLO TTFT 2 s + 0.12 ms per input token, TPOT 30 ms. The cap "
+        f"Setting: on_reply_classes.md's: {setting()} The cap "
         "is the router's `--max-concurrent-requests` with its queue order and first-turn ceiling "
         f"(5 s), no queue timeout; kept slots wait {GRACE_S:g} s for their claim. Mean "
         "[min–max] over the trace seeds; the ratios per seed, seeds in order.",
