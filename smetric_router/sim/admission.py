@@ -44,14 +44,16 @@ class RouterGate:
         self.kept = KeptSlots(grace_s, lambda: self.now) if grace_s > 0 else None
         self.claims = 0
 
-    def keep(self, t: float, key: int | None) -> bool:
-        """Keep an ended request's slot under its prompt's last full page; False: not kept
-        (no grace, or a prompt shorter than a page), the slot is free."""
+    def keep(self, t: float, key: int | None) -> None:
+        """Keep an ended request's slot under its prompt's last full page; without a grace, or
+        for a prompt shorter than a page, the slot is free."""
         if self.kept is None or key is None:
-            return False
+            return
         self.now = t
         self.kept.keep(key)
-        return True
+
+    def kept_slots(self) -> int:
+        return 0 if self.kept is None else len(self.kept)
 
     def claim(self, t: float, pages: list[int]) -> bool:
         """An arriving follow-up takes a slot kept under one of its prompt's pages."""
@@ -63,12 +65,12 @@ class RouterGate:
             return True
         return False
 
-    def expire(self, t: float) -> int:
-        """Kept slots whose grace ended by t: how many went back to the queue."""
+    def expire(self, t: float) -> None:
+        """Kept slots whose grace ended by t go back to the queue."""
         if self.kept is None:
-            return 0
+            return
         self.now = t
-        return self.kept.expire()
+        self.kept.expire()
 
     def next_expiry(self) -> float | None:
         return None if self.kept is None else self.kept.next_expiry()

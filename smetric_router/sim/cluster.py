@@ -246,7 +246,6 @@ class Cluster:
         self._windows: list[list[float]] = []
         self._pending: list[tuple[float, int, int]] = []  # arrivals to come
         self._follow: _Followers | None = None
-        self._in_flight = 0  # routed and not finished, over all instances
         cap = cfg.max_concurrent_requests
         self._gate = (
             RouterGate(cap, cfg.queue_first_turn_ceiling_s, cfg.queue_session_grace_s)
@@ -341,8 +340,8 @@ class Cluster:
         for rid in res.finished:
             records[int(rid)].finish = t
             self._load[inst.idx] -= 1
-            if gate is None or not gate.keep(t, self._keys.pop(int(rid), None)):
-                self._in_flight -= 1  # a kept slot stays taken until claimed or expired
+            if gate is not None:  # a kept slot stays taken until claimed or expired
+                gate.keep(t, self._keys.pop(int(rid), None))
             if self._follow is not None:
                 self._follow.release(records[int(rid)].trace_index, t, self._pending)
         if res.finished:
@@ -398,12 +397,11 @@ class Cluster:
             if gate is None:
                 self._place(i, hashes, t, t)
                 continue
-            self._in_flight -= gate.expire(t)
+            gate.expire(t)
             follow_up = trace[i].router_turn > 0
             if follow_up and gate.claim(t, hashes[: trace[i].input_len // cfg.page_size]):
-                self._in_flight -= 1  # the kept slot passes to it: _place counts it again
-                self._place(i, hashes, t, t)
-            elif gate.queue or self._in_flight >= gate.cap:
+                self._place(i, hashes, t, t)  # the kept slot passes to it
+            elif gate.queue or self._taken(gate) >= gate.cap:
                 gate.wait(t, i, hashes, follow_up)
                 self._admit(t)  # slots that expired just now go to the queue, this one included
             else:
@@ -443,7 +441,6 @@ class Cluster:
             )
         )
         self._load[idx] += 1
-        self._in_flight += 1
         if self._gate is not None and self._gate.kept is not None and req.input_len >= ps:
             self._keys[n] = hashes[req.input_len // ps - 1]
         new = max(req.input_len - hit, 0)
@@ -466,11 +463,16 @@ class Cluster:
         gate = self._gate
         if gate is None:
             return
-        self._in_flight -= gate.expire(t)
+        gate.expire(t)
         if not gate.queue:
             return
-        for i, hashes, arrival in gate.admit(t, gate.cap - self._in_flight):
+        for i, hashes, arrival in gate.admit(t, gate.cap - self._taken(gate)):
             self._place(i, hashes, arrival, t)
+
+    def _taken(self, gate: RouterGate) -> int:
+        """The slots the router's cap counts: requests placed and not finished, and the slots
+        kept for a conversation's next turn."""
+        return sum(self._load) + gate.kept_slots()
 
     def _expire_idle(self) -> bool:
         """Nothing runs and requests wait at the router behind kept slots: the first slot's
