@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 
 from benchmarks import repro_colocated as rc
 from smetric_router.core.types import ClusterView, Decision, RequestFeatures
@@ -101,6 +99,11 @@ def ttft(r: RequestRecord) -> float:
     return r.first_token - r.arrival if r.first_token >= 0 else math.inf
 
 
+def within_ttft_slo(records: Sequence[RequestRecord], slo: Slo) -> float:
+    """The share of requests whose TTFT met the SLO (one never answered did not)."""
+    return float(np.mean([ttft(r) <= slo.ttft_limit(r.input_len) for r in records]))
+
+
 def class_rows(
     records: Sequence[RequestRecord], classes: Sequence[str], loads: Sequence[float], slo: Slo
 ) -> dict[str, dict[str, float]]:
@@ -117,7 +120,7 @@ def class_rows(
             "n": float(len(picked)),
             "p50": float(np.percentile(t, 50)),
             "p90": float(np.percentile(t, 90)),
-            "ok": float(np.mean([ttft(r) <= slo.ttft_limit(r.input_len) for r, _ in picked])),
+            "ok": within_ttft_slo([r for r, _ in picked], slo),
             "load": float(np.mean([ld for _, ld in picked])),
         }
     return out
@@ -148,30 +151,25 @@ def specs() -> list[rc.Spec]:
 
 def run(s: rc.Spec) -> dict[str, Any]:
     path = rc.CACHE / f"{s.key()}-classes.json"
-    if path.exists():
-        cached: dict[str, Any] = orjson.loads(path.read_bytes())
+    cached = rc.load_cached(path)
+    if cached is not None:
         return cached
     cfg = rc.sim_config(s)
     rec = Recorder(make_policy(s.policy, cfg.params), cfg.params.hit_ratio)
-    stretch = s.rate * s.base_rate() * s.instances / 32
     t0 = time.perf_counter()
-    res = Cluster(cfg, rec, s.ratio, timing=rc.timing(s, cfg)).run(rc.trace(s.seed), stretch)
+    res = Cluster(cfg, rec, s.ratio, timing=rc.timing(s, cfg)).run(rc.trace(s.seed), s.stretch())
     t = np.array([ttft(r) for r in res.records])
     out = {
         "policy": label(s.policy, s.cap), "rate": s.rate, "seed": s.seed,
         "tps_within_slo": summarize(res, cfg.slo, s.policy, s.rate, s.ratio)["tps_within_slo"],
         "ttft_p99": float(np.percentile(t, 99)), "ttft_max": float(t.max()),
         "worst_slow_share": worst_slow_share(res.records, cfg.instances),
-        "ttft_ok": float(np.mean([ttft(r) <= cfg.slo.ttft_limit(r.input_len)
-                                  for r in res.records])),
+        "ttft_ok": within_ttft_slo(res.records, cfg.slo),
         "router_wait_max": res.longest_router_wait_s,
         "classes": class_rows(res.records, rec.classes, rec.loads, cfg.slo),
         "wall_s": time.perf_counter() - t0,
     }  # fmt: skip
-    rc.CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(orjson.dumps(out))
-    tmp.replace(path)
+    rc.store(path, out)
     print(f"{s.key()}-classes: {out['wall_s']:.0f} s", flush=True)
     return out
 
@@ -179,10 +177,7 @@ def run(s: rc.Spec) -> dict[str, Any]:
 def runs(specs: Sequence[rc.Spec], jobs: int) -> list[dict[str, Any]]:
     todo = [s for s in specs if not (rc.CACHE / f"{s.key()}-classes.json").exists()]
     if jobs > 1 and len(todo) > 1:
-        for seed in sorted({s.seed for s in todo}):
-            rc.trace(seed)  # loaded once, inherited by the forked workers
-        with multiprocessing.get_context("fork").Pool(min(jobs, len(todo))) as pool:
-            pool.map(run, todo, chunksize=1)
+        rc.fork_map(run, todo, jobs, (s.seed for s in todo))
     return [run(s) for s in specs]
 
 

@@ -36,7 +36,7 @@ import multiprocessing
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -242,6 +242,11 @@ class Spec:
     def bailian_lam(self) -> float:
         return chosen_lambda() if self.lam is None else self.lam
 
+    def stretch(self) -> float:
+        """What the trace's clock is divided by: the rate, scaled so that each of the instances
+        sees the 32-instance study's load."""
+        return self.rate * self.base_rate() * self.instances / 32
+
     def key(self) -> str:
         tier = (
             f"{self.tier_mode}-g{self.ratio:g}-n{self.nics}x{self.nic_gbps:g}-f{self.fetch_ms:g}"
@@ -342,13 +347,40 @@ def timing(spec: Spec, cfg: SimConfig) -> TimingModel:
     return out
 
 
+def load_cached(path: Path) -> dict[str, Any] | None:
+    """A run's cached row (None: not run yet)."""
+    if not path.exists():
+        return None
+    row: dict[str, Any] = orjson.loads(path.read_bytes())
+    return row
+
+
+def store(path: Path, row: dict[str, Any]) -> None:
+    """Cache a run's row; never a half-written cache entry."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY))
+    tmp.replace(path)
+
+
+def fork_map(
+    fn: Callable[[Any], Any], todo: Sequence[Any], jobs: int, seeds: Iterable[int]
+) -> None:
+    """Run fn over todo in `jobs` forked processes, which leave their rows in the cache; each
+    seed's trace is loaded first, once, and inherited by the processes."""
+    for seed in sorted(set(seeds)):
+        trace(seed)
+    with multiprocessing.get_context("fork").Pool(min(jobs, len(todo))) as pool:
+        pool.map(fn, todo, chunksize=1)
+
+
 def run(spec: Spec) -> dict[str, Any]:
     path = CACHE / f"{spec.key()}.json"
-    if path.exists():
-        cached: dict[str, Any] = orjson.loads(path.read_bytes())
+    cached = load_cached(path)
+    if cached is not None:
         return cached
     cfg = sim_config(spec)
-    reqs, stretch = trace(spec.seed), spec.rate * spec.base_rate() * spec.instances / 32
+    reqs, stretch = trace(spec.seed), spec.stretch()
     if spec.sample:
         reqs, stretch = sample_sessions(reqs, stretch, spec.sample), 1.0
     t = time.perf_counter()
@@ -359,10 +391,7 @@ def run(spec: Spec) -> dict[str, Any]:
     out.update(_extra(res, cfg.slo), wall_s=wall, trace_seed=spec.seed, nics=spec.nics)
     out.update(nic_gbps=spec.nic_gbps, x_rate=spec.rate, tier=gx(spec.ratio), key=spec.key())
     print(f"{spec.key()}: {wall:.0f} s, TPS@SLO {out['tps_within_slo']:.0f}", flush=True)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY))
-    tmp.replace(path)  # never a half-written cache entry
+    store(path, out)
     return out
 
 
@@ -379,12 +408,9 @@ def cached(spec: Spec) -> bool:
 def runs(specs: Sequence[Spec]) -> list[dict[str, Any]]:
     todo = list({s.key(): s for s in specs if not cached(s)}.values())
     if JOBS > 1 and len(todo) > 1:
-        for seed in sorted({s.seed for s in todo}):
-            trace(seed)  # loaded once, inherited by the forked workers
         # slowest first (highest rate, no tier) so the pool does not end on one long run
         todo.sort(key=lambda s: (-s.rate, s.ratio))
-        with multiprocessing.get_context("fork").Pool(min(JOBS, len(todo))) as pool:
-            pool.map(run, todo, chunksize=1)
+        fork_map(run, todo, JOBS, (s.seed for s in todo))
     return [run(s) for s in specs]
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -31,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 from benchmarks import repro_colocated as rc
-from benchmarks.on_reply_classes import setting
+from benchmarks.on_reply_classes import setting, ttft, within_ttft_slo
 from smetric_router.policies import make_policy
 from smetric_router.sim.cluster import Cluster
 from smetric_router.sim.metrics import summarize
@@ -61,30 +59,25 @@ def run(cap: int, grace: float, rate: float, seed: int) -> dict[str, Any]:
     spec = spec_of(cap, rate, seed)
     policy = spec.policy
     path = cache_path(cap, grace, rate, seed)
-    if path.exists():
-        cached: dict[str, Any] = orjson.loads(path.read_bytes())
+    cached = rc.load_cached(path)
+    if cached is not None:
         return cached
     cfg = replace(rc.sim_config(spec), queue_session_grace_s=grace)
     pol = make_policy(policy, cfg.params)
-    stretch = spec.rate * spec.base_rate() * spec.instances / 32
     t0 = time.perf_counter()
     sim = Cluster(cfg, pol, spec.ratio, timing=rc.timing(spec, cfg))
-    res = sim.run(rc.trace(seed), stretch)
-    ttft = np.array([r.first_token - r.arrival for r in res.records])
+    res = sim.run(rc.trace(seed), spec.stretch())
+    waits = np.array([ttft(r) for r in res.records])
     out = {
         "cap": cap, "grace": grace, "rate": rate, "seed": seed,
         "tps_within_slo": summarize(res, cfg.slo, policy, rate, spec.ratio)["tps_within_slo"],
-        "ttft_ok": float(np.mean([r.first_token - r.arrival <= cfg.slo.ttft_limit(r.input_len)
-                                  for r in res.records])),
-        "ttft_p90": float(np.percentile(ttft, 90)), "ttft_p99": float(np.percentile(ttft, 99)),
-        "ttft_max": float(ttft.max()), "router_wait_max": res.longest_router_wait_s,
+        "ttft_ok": within_ttft_slo(res.records, cfg.slo),
+        "ttft_p90": float(np.percentile(waits, 90)), "ttft_p99": float(np.percentile(waits, 99)),
+        "ttft_max": float(waits.max()), "router_wait_max": res.longest_router_wait_s,
         "claims": res.kept_slot_claims,
         "requests": len(res.records), "wall_s": time.perf_counter() - t0,
     }  # fmt: skip
-    rc.CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(orjson.dumps(out))
-    tmp.replace(path)
+    rc.store(path, out)
     print(f"{path.stem}: {out['wall_s']:.0f} s", flush=True)
     return out
 
@@ -143,10 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.report_only and missing:
         raise SystemExit(f"--report-only: {len(missing)} runs not cached, e.g. {missing[0]}")
     if args.jobs > 1 and len(missing) > 1:
-        for seed in rc.SEEDS:
-            rc.trace(seed)  # loaded once, inherited by the forked workers
-        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-            pool.map(_run, missing, chunksize=1)
+        rc.fork_map(_run, missing, args.jobs, (seed for *_, seed in missing))
     rows = [run(*x) for x in todo]
     wall = sum(r["wall_s"] for r in rows) / 60
     lines = [

@@ -39,10 +39,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DISCOVERY_PROVIDERS = ("kubernetes", "file")
 _NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
-# Keys are read from these when the flag is absent: a command line is visible to every local
-# user (ps), the environment is not.
 # SGLang takes a signed 64-bit priority (its tokenizer manager refuses others)
 PRIORITY_RANGE = range(-(1 << 63), 1 << 63)
+
+# Keys are read from these when the flag is absent: a command line is visible to every local
+# user (ps), the environment is not.
 API_KEY_ENV = "SMETRIC_API_KEY"
 ADMIN_API_KEY_ENV = "SMETRIC_ADMIN_API_KEY"
 WORKER_API_KEY_ENV = "SMETRIC_WORKER_API_KEY"

@@ -15,6 +15,7 @@ from smetric_router.policies import make_policy
 from smetric_router.policies.base import PolicyParams
 from smetric_router.sim.cluster import RequestRecord
 from smetric_router.sim.config import Slo
+from tests.helpers.study import tiny_study
 
 HISTORY = 1000
 
@@ -92,20 +93,16 @@ def test_the_worst_instance_share_of_slow_requests() -> None:
 def test_the_report_end_to_end_on_a_tiny_trace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(rc, "WORK", tmp_path)
-    monkeypatch.setattr(rc, "CACHE", tmp_path / "cache")
-    monkeypatch.setattr(rc, "RESULTS", tmp_path / "results")
-    (tmp_path / "results").mkdir()
-    monkeypatch.setattr(rc, "STUDY", rc.Study(sessions=20, limit=60, seeds=(1, 2), min_requests=40))
-    monkeypatch.setattr(rc, "SEEDS", (1, 2))
-    monkeypatch.setattr(rc, "_traces", {})
+    results = tiny_study(
+        monkeypatch, tmp_path, rc.Study(sessions=20, limit=60, seeds=(1, 2), min_requests=40)
+    )
     monkeypatch.setattr(orc, "RATES", (1.0,))
     monkeypatch.setattr(orc, "POLICIES", ("smetric", "lmetric"))
     monkeypatch.setattr(orc, "CAPS", (4,))
     with pytest.raises(SystemExit, match="not cached"):
         orc.main(["--report-only"])
     orc.main([])
-    text = (tmp_path / "results" / "on-reply-classes.md").read_text()
+    text = (results / "on-reply-classes.md").read_text()
     assert "| 1x | lmetric | follow-up, held |" in text
     capped = next(
         x for x in text.splitlines() if x.startswith("| 1x | smetric + admission cap 4 | ")

@@ -14,6 +14,7 @@ import pytest
 from benchmarks import repro_colocated as rc
 from smetric_router.sim.report import spread
 from smetric_router.sim.tiers import Tiers
+from tests.helpers.study import tiny_study
 
 
 def test_the_cache_key_names_every_setting_and_the_code() -> None:
@@ -161,12 +162,9 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
 ) -> None:
     """Every figure's file from a few hundred requests on two trace seeds: the script runs
     against the simulator's interface (tiers, per-window rows) without failing late."""
-    monkeypatch.setattr(rc, "WORK", tmp_path)
-    monkeypatch.setattr(rc, "CACHE", tmp_path / "cache")
-    monkeypatch.setattr(rc, "RESULTS", tmp_path / "results")
-    (tmp_path / "results").mkdir()
-    monkeypatch.setattr(rc, "STUDY", rc.Study(sessions=40, limit=60, seeds=(1, 2), min_requests=60))
-    monkeypatch.setattr(rc, "SEEDS", (1, 2))
+    results = tiny_study(
+        monkeypatch, tmp_path, rc.Study(sessions=40, limit=60, seeds=(1, 2), min_requests=60)
+    )
     monkeypatch.setattr(rc, "SWEEP", (1.0, 2.0))
     monkeypatch.setattr(rc, "AT", 2.0)
     monkeypatch.setattr(rc, "LAMBDAS", (0.5, 0.6))
@@ -191,17 +189,16 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
                                    "output_length": 20, "hash_ids": ids}))  # fmt: skip
     mooncake.write_bytes(b"\n".join(lines) + b"\n")
     monkeypatch.setattr(rc, "MOONCAKE_TRACE", mooncake)
-    monkeypatch.setattr(rc, "_traces", {})
     monkeypatch.setattr(rc, "_chosen", [])
     assert rc.main(["all"]) == 0
     for name in rc.FIGS:
-        text = (tmp_path / "results" / f"{name}.md").read_text()
+        text = (results / f"{name}.md").read_text()
         assert f"python -m benchmarks.repro_colocated {name}" in text
         assert rc.CODE_VERSION["model"] in text
-    acc = (tmp_path / "results" / "acceptance.md").read_text()
+    acc = (results / "acceptance.md").read_text()
     assert "load_balance local hit share, no global tier" in acc
     assert "[" in acc  # two seeds: a range beside the mean
-    fine = (tmp_path / "results" / "fine_sweep.md").read_text()
+    fine = (results / "fine_sweep.md").read_text()
     assert "| 2 / stretched |" in fine and "| 2 / 2 |" in fine  # every seed, both ways
     rows = [f for f in (tmp_path / "cache").iterdir() if f.suffix == ".json"]
     assert rows

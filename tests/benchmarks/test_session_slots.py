@@ -9,24 +9,21 @@ import pytest
 
 from benchmarks import repro_colocated as rc
 from benchmarks import session_slots as ss
+from tests.helpers.study import tiny_study
 
 
 def test_the_report_end_to_end_on_a_tiny_trace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(rc, "WORK", tmp_path)
-    monkeypatch.setattr(rc, "CACHE", tmp_path / "cache")
-    monkeypatch.setattr(rc, "RESULTS", tmp_path / "results")
-    (tmp_path / "results").mkdir()
-    monkeypatch.setattr(rc, "STUDY", rc.Study(sessions=20, limit=60, seeds=(1,), min_requests=40))
-    monkeypatch.setattr(rc, "SEEDS", (1,))
-    monkeypatch.setattr(rc, "_traces", {})
+    results = tiny_study(
+        monkeypatch, tmp_path, rc.Study(sessions=20, limit=60, seeds=(1,), min_requests=40)
+    )
     monkeypatch.setattr(ss, "RATES", (1.0,))
     monkeypatch.setattr(ss, "CAPS", (4,))
     with pytest.raises(SystemExit, match="not cached"):
         ss.main(["--report-only"])
     ss.main([])
-    text = (tmp_path / "results" / "session-slots.md").read_text()
+    text = (results / "session-slots.md").read_text()
     assert "| 1x | smetric, cap 4, slots kept 1 s |" in text
     assert "| 1x | lmetric, no cap |" in text
     ss.main(["--report-only"])  # every run now cached
