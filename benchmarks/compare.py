@@ -120,6 +120,12 @@ PRIORITY_FLAG = "--follow-up-priority"
 # and a request without a priority is otherwise the lowest there is
 PRIORITY_SCHEDULING = ("--enable-priority-scheduling", "--default-priority-value", "0")
 
+
+def _capped(cap: int, grace_s: float = 0) -> tuple[str, ...]:
+    flags = ("--max-concurrent-requests", str(cap))
+    return flags + (("--queue-session-grace-secs", f"{grace_s:g}") if grace_s else ())
+
+
 ROUTERS: dict[str, RouterDef] = {
     "smetric": RouterDef("smetric", "smetric"),
     **{f"smetric/{p}": RouterDef("smetric", p) for p in STICKY_POLICIES if p != "smetric"},
@@ -134,15 +140,15 @@ ROUTERS: dict[str, RouterDef] = {
     # the default asking the workers to take follow-ups before new sessions in their queues
     # (with it in a run, every run's workers get --enable-priority-scheduling)
     "smetric-prio1": RouterDef("smetric", "smetric", (PRIORITY_FLAG, "1")),
-    # the default behind the router's admission cap of 16 requests in flight (compare-knee's 4
-    # workers hold about 4 sessions' KV each), and the same keeping the slot a request frees for
-    # the follow-up that continues it (docs/admission.md, "Slots kept for a session's next turn")
-    "smetric-cap16": RouterDef("smetric", "smetric", ("--max-concurrent-requests", "16")),
-    "smetric-slots16": RouterDef(
-        "smetric",
-        "smetric",
-        ("--max-concurrent-requests", "16", "--queue-session-grace-secs", "1"),
-    ),
+    # the default behind the router's admission cap of 4 requests in flight per worker (a worker
+    # of --gpu-kv-tokens 50000 holds about 4 sessions' KV): 16 for compare-knee's 4 workers, 32
+    # for 8; and the same keeping the slot a request frees for the follow-up that continues it
+    # (docs/admission.md, "Slots kept for a session's next turn")
+    **{f"smetric-cap{n}": RouterDef("smetric", "smetric", _capped(n)) for n in (16, 32)},
+    **{
+        f"smetric-slots{n}": RouterDef("smetric", "smetric", _capped(n, grace_s=1))
+        for n in (16, 32)
+    },
     # four router processes on one port, the kernel spreading connections between them, as four
     # replicas behind an L4 load balancer; they publish their in-flight counts to each other
     "smetric-x4": RouterDef("smetric", "smetric", ("--processes", "4")),

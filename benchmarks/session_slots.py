@@ -1,7 +1,7 @@
 """Slots kept for a session's next turn (the router's --queue-session-grace-secs) behind its
 admission cap, on the on-reply cells (simulator, modelled).
 
-    python -m benchmarks.session_slots --jobs 2      # 3 seeds x 2 rates x 6 cells (~6 min)
+    python -m benchmarks.session_slots --jobs 2      # 3 seeds x 2 rates x 11 cells (~15 min)
     python -m benchmarks.session_slots --report-only
 
 on_reply_classes.md found that with follow-ups sent on the reply a first-come queue, at the
@@ -15,8 +15,11 @@ ended prompt's last full page hash, claimed by a follow-up whose prompt holds th
 sub-agent re-using its parent's context may take the slot too.
 
 Everything else is the simulator's model of the router's admission (sim/admission.py: its queue
-order, no queue timeout). Writes benchmarks/results/session-slots.md: `smetric` without a cap,
-behind the plain cap and with kept slots, and the paper's `lmetric`, per seed and mean [min-max].
+order; no queue timeout, so the report counts the requests that waited past the router's
+--queue-timeout-secs, which it would have refused). Writes benchmarks/results/session-slots.md:
+`smetric` without a cap, behind the plain cap and with kept slots, and the paper's `lmetric`, with
+the full global tier and without one (there also `lmetric-inflight`, the stronger baseline where
+nothing but the worker holds a history), per seed and mean [min-max].
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import argparse
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,46 +37,87 @@ import numpy as np
 from benchmarks import repro_colocated as rc
 from benchmarks.on_reply_classes import setting, ttft, within_ttft_slo
 from smetric_router.policies import make_policy
+from smetric_router.router.config import RouterConfig
 from smetric_router.sim.cluster import Cluster
 from smetric_router.sim.metrics import summarize
 from smetric_router.sim.report import spread
 
 RATES = (1.0, 1.25)
+NO_TIER_RATES = (0.75, 1.0)  # without a tier `smetric` without a cap falls over sooner
 CAPS = (48, 56)  # 6 and 7 requests an instance of 8: below what an instance's KV holds
 GRACE_S = 1.0  # on the reply the next turn comes at once; a gap longer than this frees the slot
+# the router refuses (429) a request that waited this long in its queue; the simulator lets it
+# wait on, so the report counts them
+TIMEOUT_S = next(
+    float(str(f.default)) for f in fields(RouterConfig) if f.name == "queue_timeout_secs"
+)
 
 
-def spec_of(cap: int, rate: float, seed: int) -> rc.Spec:
-    """cap 0: no admission; -1: `lmetric` without one."""
-    policy = "lmetric" if cap < 0 else "smetric"
-    return rc.Spec(policy, rate, math.inf, seed, instances=rc.SCALE_INSTANCES,
-                   follow_ups="on-reply", cap=max(cap, 0))  # fmt: skip
+@dataclass(frozen=True, slots=True)
+class Cell:
+    policy: str
+    cap: int = 0  # the router's --max-concurrent-requests (0: no admission)
+    grace: float = 0.0  # its --queue-session-grace-secs (0: the plain cap)
+
+    def name(self) -> str:
+        if not self.cap:
+            return f"{self.policy}, no cap"
+        slots = f", slots kept {self.grace:g} s" if self.grace else ""
+        return f"{self.policy}, cap {self.cap}{slots}"
 
 
-def cache_path(cap: int, grace: float, rate: float, seed: int) -> Path:
-    return rc.CACHE / f"{spec_of(cap, rate, seed).key()}-slots{grace:g}.json"
+NO_CAP = Cell("smetric")
 
 
-def run(cap: int, grace: float, rate: float, seed: int) -> dict[str, Any]:
-    """One run: grace 0 is the plain cap; the cache key names both."""
-    spec = spec_of(cap, rate, seed)
-    policy = spec.policy
-    path = cache_path(cap, grace, rate, seed)
+def cells(ratio: float) -> list[Cell]:
+    """No admission, the plain caps, the caps with kept slots, and the baselines (with the full
+    tier the paper's `lmetric`; without one `lmetric-inflight` too)."""
+    caps = CAPS if ratio else CAPS[:1]
+    baselines = ("lmetric",) if ratio else ("lmetric", "lmetric-inflight")
+    return [
+        NO_CAP,
+        *(Cell("smetric", c) for c in caps),
+        *(Cell("smetric", c, GRACE_S) for c in caps),
+        *(Cell(p) for p in baselines),
+    ]
+
+
+def rates(ratio: float) -> tuple[float, ...]:
+    return RATES if ratio else NO_TIER_RATES
+
+
+def spec_of(cell: Cell, ratio: float, rate: float, seed: int) -> rc.Spec:
+    return rc.Spec(cell.policy, rate, ratio, seed, instances=rc.SCALE_INSTANCES,
+                   follow_ups="on-reply", cap=cell.cap)  # fmt: skip
+
+
+Key = tuple[Cell, float, float, int]  # cell, tier ratio, rate, seed
+
+
+def cache_path(cell: Cell, ratio: float, rate: float, seed: int) -> Path:
+    return rc.CACHE / f"{spec_of(cell, ratio, rate, seed).key()}-slots{cell.grace:g}.json"
+
+
+def run(cell: Cell, ratio: float, rate: float, seed: int) -> dict[str, Any]:
+    spec = spec_of(cell, ratio, rate, seed)
+    path = cache_path(cell, ratio, rate, seed)
     cached = rc.load_cached(path)
     if cached is not None:
         return cached
-    cfg = replace(rc.sim_config(spec), queue_session_grace_s=grace)
-    pol = make_policy(policy, cfg.params)
+    cfg = replace(rc.sim_config(spec), queue_session_grace_s=cell.grace)
+    pol = make_policy(cell.policy, cfg.params)
     t0 = time.perf_counter()
     sim = Cluster(cfg, pol, spec.ratio, timing=rc.timing(spec, cfg))
     res = sim.run(rc.trace(seed), spec.stretch())
     waits = np.array([ttft(r) for r in res.records])
     out = {
-        "cap": cap, "grace": grace, "rate": rate, "seed": seed,
-        "tps_within_slo": summarize(res, cfg.slo, policy, rate, spec.ratio)["tps_within_slo"],
+        "policy": cell.policy, "cap": cell.cap, "grace": cell.grace, "ratio": ratio,
+        "rate": rate, "seed": seed,
+        "tps_within_slo": summarize(res, cfg.slo, cell.policy, rate, spec.ratio)["tps_within_slo"],
         "ttft_ok": within_ttft_slo(res.records, cfg.slo),
         "ttft_p90": float(np.percentile(waits, 90)), "ttft_p99": float(np.percentile(waits, 99)),
         "ttft_max": float(waits.max()), "router_wait_max": res.longest_router_wait_s,
+        "past_timeout": sum(r.router_wait >= TIMEOUT_S for r in res.records),
         "claims": res.kept_slot_claims,
         "requests": len(res.records), "wall_s": time.perf_counter() - t0,
     }  # fmt: skip
@@ -82,44 +126,36 @@ def run(cap: int, grace: float, rate: float, seed: int) -> dict[str, Any]:
     return out
 
 
-def cells() -> list[tuple[int, float]]:
-    """(cap, grace): no admission, the plain caps, the caps with kept slots, and `lmetric` (-1)."""
-    return [(0, 0.0), *((c, 0.0) for c in CAPS), *((c, GRACE_S) for c in CAPS), (-1, 0.0)]
+def keys() -> list[Key]:
+    return [(c, ratio, rate, seed) for ratio in (math.inf, 0.0) for rate in rates(ratio)
+            for c in cells(ratio) for seed in rc.SEEDS]  # fmt: skip
 
 
-def _run(args: tuple[int, float, float, int]) -> dict[str, Any]:
-    return run(*args)
+def _run(key: Key) -> dict[str, Any]:
+    return run(*key)
 
 
-def _name(cap: int, grace: float) -> str:
-    if cap < 0:
-        return "lmetric, no cap"
-    if not cap:
-        return "smetric, no cap"
-    return f"smetric, cap {cap}" + (f", slots kept {grace:g} s" if grace else "")
-
-
-def report(rows: Sequence[dict[str, Any]]) -> list[str]:
-    by = {(r["cap"], r["grace"], r["rate"], r["seed"]): r for r in rows}
-    seeds = sorted({r["seed"] for r in rows})
+def report(rows: dict[Key, dict[str, Any]], ratio: float) -> list[str]:
     head = ("rate", "router", "TPS within SLO", "/ smetric, no cap", "per seed",
             "within TTFT SLO", "TTFT p90 (s)", "TTFT p99 (s)", "TTFT max (s)",
-            "longest wait at the router (s)", "slots claimed")  # fmt: skip
+            "longest wait at the router (s)", f"waited past {TIMEOUT_S:g} s (429 in the router)",
+            "slots claimed")  # fmt: skip
     table = []
-    for rate in RATES:
-        for cap, grace in cells():
-            cell = [by[(cap, grace, rate, t)] for t in seeds]
-            ratio = [r["tps_within_slo"] / by[(0, 0.0, rate, r["seed"])]["tps_within_slo"]
-                     for r in cell]  # fmt: skip
+    for rate in rates(ratio):
+        for c in cells(ratio):
+            cell = [rows[(c, ratio, rate, t)] for t in rc.SEEDS]
+            ratios = [r["tps_within_slo"] / rows[(NO_CAP, ratio, rate, r["seed"])]["tps_within_slo"]
+                      for r in cell]  # fmt: skip
             table.append((
-                f"{rate:g}x", _name(cap, grace),
+                f"{rate:g}x", c.name(),
                 spread(r["tps_within_slo"] for r in cell).fmt(",.0f"),
-                spread(ratio).fmt(), " / ".join(f"{x:.3f}" for x in ratio),
+                spread(ratios).fmt(), " / ".join(f"{x:.3f}" for x in ratios),
                 spread(r["ttft_ok"] for r in cell).pct(),
                 spread(r["ttft_p90"] for r in cell).fmt(".1f"),
                 spread(r["ttft_p99"] for r in cell).fmt(".0f"),
                 spread(r["ttft_max"] for r in cell).fmt(".0f"),
                 spread(r["router_wait_max"] for r in cell).fmt(".0f"),
+                spread(r["past_timeout"] / r["requests"] for r in cell).pct(),
                 spread(r["claims"] / r["requests"] for r in cell).pct(),
             ))  # fmt: skip
     return rc.md_table(head, table)
@@ -131,14 +167,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--report-only", action="store_true",
                     help="render from cached runs only; fail if one is missing")  # fmt: skip
     args = ap.parse_args(argv)
-    todo = [(c, g, r, t) for r in RATES for c, g in cells() for t in rc.SEEDS]
-    missing = [x for x in todo if not cache_path(*x).exists()]
+    todo = keys()
+    missing = [k for k in todo if not cache_path(*k).exists()]
     if args.report_only and missing:
         raise SystemExit(f"--report-only: {len(missing)} runs not cached, e.g. {missing[0]}")
     if args.jobs > 1 and len(missing) > 1:
         rc.fork_map(_run, missing, args.jobs, (seed for *_, seed in missing))
-    rows = [run(*x) for x in todo]
-    wall = sum(r["wall_s"] for r in rows) / 60
+    rows = {k: run(*k) for k in todo}
+    wall = sum(r["wall_s"] for r in rows.values()) / 60
     lines = [
         "# Slots kept for a session's next turn behind the router's admission cap "
         "(simulator, modelled)",
@@ -150,10 +186,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         "",
         f"Setting: on_reply_classes.md's: {setting()} The cap "
         "is the router's `--max-concurrent-requests` with its queue order and first-turn ceiling "
-        f"(5 s), no queue timeout; kept slots wait {GRACE_S:g} s for their claim. Mean "
-        "[min–max] over the trace seeds; the ratios per seed, seeds in order.",
+        f"(5 s); kept slots wait {GRACE_S:g} s for their claim. The simulator's router queue has "
+        f"no timeout: a request waits until admitted, and the router would have answered 429 to "
+        f"those that waited {TIMEOUT_S:g} s (its `--queue-timeout-secs`; what their clients "
+        "would have done then is not modelled). Mean [min–max] over the trace seeds; the ratios "
+        "per seed, seeds in order.",
         "",
-        *report(rows),
+        "## With the full global tier",
+        "",
+        *report(rows, math.inf),
+        "",
+        "## Without a global tier",
+        "",
+        "The same trace and instances with no global tier (a history the instance evicted is "
+        "recomputed), at lower rates.",
+        "",
+        *report(rows, 0.0),
     ]
     out = rc.RESULTS / "session-slots.md"
     out.write_text("\n".join(lines) + "\n")

@@ -14,10 +14,11 @@ KeptSlots (admission/slots.py) keyed the same way: the ended prompt's last full 
 by a follow-up whose prompt holds that page when it arrives.
 
 What it leaves out, named so no result leans on it: the queue's size bound and timeout (a
-request here waits until admitted: runs should report the longest wait against the router's
---queue-timeout-secs), the per-worker bound (--max-queued-requests-per-worker), tenants and
-priorities. With the cap alone a queued request's worker does not decide whether it fits, so
-it is decided once, at admission, where the router decides at arrival and again at admission.
+request here waits until admitted: each record's router_wait says which ones the router's
+--queue-timeout-secs would have refused), the per-worker bound
+(--max-queued-requests-per-worker), tenants and priorities. With the cap alone a queued
+request's worker does not decide whether it fits, so it is decided once, at admission, where
+the router decides at arrival and again at admission.
 """
 
 from __future__ import annotations

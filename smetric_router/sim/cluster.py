@@ -75,6 +75,7 @@ class RequestRecord:
     first_token: float = -1.0
     finish: float = -1.0
     trace_index: int = -1  # its request's index in the trace
+    router_wait: float = 0.0  # how long the router's admission held it before placing it
 
 
 __all__ = ["Cluster", "RequestRecord", "RunResult", "add_to_windows", "engine_setup", "simulate"]
@@ -437,7 +438,14 @@ class Cluster:
         first = self._session_first.get(req.session, -1)
         self._records.append(
             RequestRecord(
-                arrival, req.input_len, req.output_len, req.turn, idx, first, trace_index=i
+                arrival,
+                req.input_len,
+                req.output_len,
+                req.turn,
+                idx,
+                first,
+                trace_index=i,
+                router_wait=t - arrival,
             )
         )
         self._load[idx] += 1

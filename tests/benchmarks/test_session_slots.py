@@ -19,11 +19,16 @@ def test_the_report_end_to_end_on_a_tiny_trace(
         monkeypatch, tmp_path, rc.Study(sessions=20, limit=60, seeds=(1,), min_requests=40)
     )
     monkeypatch.setattr(ss, "RATES", (1.0,))
+    monkeypatch.setattr(ss, "NO_TIER_RATES", (0.5,))
     monkeypatch.setattr(ss, "CAPS", (4,))
     with pytest.raises(SystemExit, match="not cached"):
         ss.main(["--report-only"])
     ss.main([])
     text = (results / "session-slots.md").read_text()
-    assert "| 1x | smetric, cap 4, slots kept 1 s |" in text
-    assert "| 1x | lmetric, no cap |" in text
+    full, none = text.split("## Without a global tier")
+    assert "| 1x | smetric, cap 4, slots kept 1 s |" in full
+    assert "| 1x | lmetric, no cap |" in full
+    assert "lmetric-inflight" not in full
+    assert "| 0.5x | smetric, cap 4, slots kept 1 s |" in none
+    assert "| 0.5x | lmetric-inflight, no cap |" in none
     ss.main(["--report-only"])  # every run now cached

@@ -49,6 +49,9 @@ def test_the_cap_holds_requests_at_the_router_until_one_ends() -> None:
     assert second.first_token > first.finish  # placed only when s0t0 ended
     assert second.arrival == pytest.approx(0.002)  # its TTFT counts its wait at the router
     assert res.longest_router_wait_s >= first.finish - 0.002
+    assert second.router_wait == pytest.approx(first.finish - 0.002)  # placed as s0t0 ended
+    assert first.router_wait == 0.0
+    assert max(r.router_wait for r in res.records) == pytest.approx(res.longest_router_wait_s)
     assert len(res.records) == 3
 
 
