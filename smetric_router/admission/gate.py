@@ -240,11 +240,20 @@ class Gate:
         if self._timer is None or self._timer.done():
             self._timer = asyncio.get_running_loop().create_task(self._recheck())
 
+    def next_pause_s(self) -> float:
+        """How long the recheck sleeps: until the queue's next event, RECHECK_S at most. An
+        event already past was handled by the wake that followed it; a first turn past its
+        ceiling stays the queue's earliest event until it is admitted, and waking at once for
+        it again would spin the loop for as long as it waits."""
+        due = self._queue.next_event()
+        now = self._clock()
+        if due is None or due <= now:
+            return RECHECK_S
+        return min(RECHECK_S, due - now)
+
     async def _recheck(self) -> None:
         while self._queue:
-            due = self._queue.next_event()
-            pause = RECHECK_S if due is None else min(RECHECK_S, max(0.0, due - self._clock()))
-            await asyncio.sleep(pause)
+            await asyncio.sleep(self.next_pause_s())
             self._wake()
 
     async def close(self) -> None:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from smetric_router.admission.gate import AdmissionConfig, Gate, Shed, Ticket
+from smetric_router.admission.gate import RECHECK_S, AdmissionConfig, Gate, Shed, Ticket
 from smetric_router.admission.metrics import AdmissionMetrics
 from smetric_router.admission.room import WorkerRoom
 from tests.helpers.clock import FakeClock
@@ -89,6 +89,21 @@ async def test_a_wait_past_the_timeout_is_shed() -> None:
     assert sample(registry, "smetric_admission_shed_total", reason="timeout", kind="follow_up") == 1
     held.release()
     assert gate.running == 0
+    await gate.close()
+
+
+async def test_a_first_turn_past_its_ceiling_does_not_spin_the_recheck() -> None:
+    gate, clock, _ = make_gate(cap=1)  # ceiling 5 s
+    held = await gate.admit(None, False)
+    waiting = asyncio.create_task(gate.admit(None, False))
+    await queued(gate, 1)
+    assert gate.next_pause_s() == RECHECK_S
+    clock.advance(4.99)
+    assert gate.next_pause_s() == pytest.approx(0.01)  # wakes as it reaches the ceiling
+    clock.advance(1.0)  # past it and still waiting: the usual cadence, not 0
+    assert gate.next_pause_s() == RECHECK_S
+    held.release()
+    (await waiting).release()
     await gate.close()
 
 

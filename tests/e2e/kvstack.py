@@ -5,6 +5,7 @@ worker through SGLang's --kv-events-config."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +46,7 @@ async def _started(argv: list[str], ready_path: str) -> Proc:
         return read_port_file(port_file)
 
     ports = await eventually(reported, f"{argv[2]}'s ports", START_TIMEOUT_S)
+    shutil.rmtree(port_file.parent, ignore_errors=True)
     url = f"http://127.0.0.1:{ports['http']}"
     async with aiohttp.ClientSession() as http:
 

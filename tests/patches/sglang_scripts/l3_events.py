@@ -77,9 +77,8 @@ class Gate:
         delattr(self.backend, self.name)
 
 
-def scenario() -> dict[str, Any]:
+def scenario(folder: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    folder = tempfile.mkdtemp(prefix="smetric-l3-")
     cache, alloc = build(None, hicache=True, size=512, storage_dir=folder)
     cc = cache.cache_controller
     backend = cc.storage_backend
@@ -148,7 +147,8 @@ def scenario() -> dict[str, Any]:
 
 
 def main() -> None:
-    print("RESULT " + json.dumps(scenario()), flush=True)
+    with tempfile.TemporaryDirectory(prefix="smetric-l3-", ignore_cleanup_errors=True) as folder:
+        print("RESULT " + json.dumps(scenario(folder)), flush=True)
     os._exit(0)  # the controller's storage threads are not daemons
 
 
