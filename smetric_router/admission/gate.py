@@ -190,8 +190,7 @@ class Gate:
 
     def _release(self, tenant: str, keep: int | None = None) -> None:
         self._use.end(tenant)
-        # a new session past the ceiling goes before follow-ups, a kept slot's included
-        if keep is not None and self._kept is not None and not self._queue.first_turn_starved():
+        if keep is not None and self._kept is not None:
             self._kept.keep(keep)  # still running: the slot waits for its follow-up
             self.metrics.session_slots.labels("kept").inc()
             return

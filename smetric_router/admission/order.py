@@ -179,16 +179,6 @@ class AdmissionQueue:
             del self._waiting[entry.tenant]
         return True
 
-    def first_turn_starved(self) -> bool:
-        """Whether a first turn has waited the ceiling or longer (the first class above)."""
-        limit = self.clock() - self.ceiling_s
-        # each table is in arrival order: its head is its oldest
-        return any(
-            next(iter(w.first_turns.values())).enqueued_at <= limit
-            for w in self._waiting.values()
-            if w.first_turns
-        )
-
     def expired(self) -> list[Entry]:
         """Remove and return the entries that have waited the timeout or longer."""
         limit = self.clock() - self.timeout_s

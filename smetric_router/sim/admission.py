@@ -46,14 +46,12 @@ class RouterGate:
         self.claims = 0
 
     def keep(self, t: float, key: int | None) -> None:
-        """Keep an ended request's slot under its prompt's last full page; without a grace, for
-        a prompt shorter than a page, or while a first turn waits past the ceiling, the slot is
-        free."""
+        """Keep an ended request's slot under its prompt's last full page; without a grace, or
+        for a prompt shorter than a page, the slot is free."""
         if self.kept is None or key is None:
             return
         self.now = t
-        if not self.queue.first_turn_starved():  # else it goes to that first turn
-            self.kept.keep(key)
+        self.kept.keep(key)
 
     def kept_slots(self) -> int:
         return 0 if self.kept is None else len(self.kept)

@@ -122,18 +122,6 @@ def test_next_event_is_the_earliest_timeout_or_ceiling() -> None:
     assert q.next_event() == clock.now + 3.0
 
 
-def test_a_first_turn_is_starved_once_it_waited_the_ceiling() -> None:
-    q, clock = make(timeout=10.0, ceiling=3.0)
-    push(q, A, True)
-    clock.advance(5.0)
-    assert not q.first_turn_starved()  # a follow-up never is
-    push(q, None, False)
-    clock.advance(2.9)
-    assert not q.first_turn_starved()
-    clock.advance(0.1)
-    assert q.first_turn_starved()
-
-
 def test_cancellation_removes_the_entry_once() -> None:
     q, _ = make()
     fu = push(q, A, True)

@@ -82,25 +82,6 @@ async def test_the_gate_hands_a_kept_slot_to_the_follow_up_before_its_queue() ->
     await gate.close()
 
 
-async def test_a_first_turn_past_the_ceiling_takes_the_slot_instead_of_the_conversation() -> None:
-    gate, clock, registry = make_gate(cap=1, grace=2.0)  # ceiling 5 s
-    first = await gate.admit(None, follow_up=False)
-    new = asyncio.create_task(gate.admit(None, follow_up=False))
-    await queued(gate, 1)
-    clock.advance(5.0)
-    first.release(keep=FIRST[-1])  # not kept: the new session has waited its ceiling
-    second = await new
-    assert second.waited_s == pytest.approx(5.0) and gate.running == 1
-    follow = asyncio.create_task(gate.admit(A, follow_up=True, pages=FOLLOW))
-    await queued(gate, 1)  # no slot was kept for it: it waits like any follow-up
-    second.release()
-    (await follow).release()
-    assert gate.running == 0
-    labels = {"outcome": "kept"}
-    assert not registry.get_sample_value("smetric_admission_session_slots_total", labels)
-    await gate.close()
-
-
 async def test_a_kept_slot_nobody_claims_goes_back_to_the_queue() -> None:
     gate, clock, registry = make_gate(cap=1, grace=2.0)
     first = await gate.admit(None, follow_up=False)
