@@ -1,7 +1,7 @@
 """Slots kept for a session's next turn (the router's --queue-session-grace-secs) behind its
 admission cap, on the on-reply cells (simulator, modelled).
 
-    python -m benchmarks.session_slots --jobs 2      # 3 seeds x 2 rates x 11 cells (~15 min)
+    python -m benchmarks.session_slots --jobs 2      # 3 seeds x 2 rates x 11 cells (~9 min)
     python -m benchmarks.session_slots --report-only
 
 on_reply_classes.md found that with follow-ups sent on the reply a first-come queue, at the
