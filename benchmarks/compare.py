@@ -142,12 +142,12 @@ ROUTERS: dict[str, RouterDef] = {
     "smetric-prio1": RouterDef("smetric", "smetric", (PRIORITY_FLAG, "1")),
     # the default behind the router's admission cap of 4 requests in flight per worker (a worker
     # of --gpu-kv-tokens 50000 holds about 4 sessions' KV): 16 for compare-knee's 4 workers, 32
-    # for 8; and the same keeping the slot a request frees for the follow-up that continues it
-    # (docs/admission.md, "Slots kept for a session's next turn")
-    **{f"smetric-cap{n}": RouterDef("smetric", "smetric", _capped(n)) for n in (16, 32)},
+    # for 8 (48: 6 a worker of 8, above it); and the same keeping the slot a request frees for
+    # the follow-up that continues it (docs/admission.md, "Slots kept for a session's next turn")
+    **{f"smetric-cap{n}": RouterDef("smetric", "smetric", _capped(n)) for n in (16, 32, 48)},
     **{
         f"smetric-slots{n}": RouterDef("smetric", "smetric", _capped(n, grace_s=1))
-        for n in (16, 32)
+        for n in (16, 32, 48)
     },
     # four router processes on one port, the kernel spreading connections between them, as four
     # replicas behind an L4 load balancer; they publish their in-flight counts to each other
