@@ -41,7 +41,6 @@ class RouterGate:
         self.now = 0.0
         self.queue = AdmissionQueue(sys.maxsize, math.inf, ceiling_s, lambda: self.now)
         self._held: dict[int, tuple[int, list[int], float]] = {}
-        self.longest_wait_s = 0.0
         self.kept = KeptSlots(grace_s, lambda: self.now) if grace_s > 0 else None
         self.claims = 0
 
@@ -86,9 +85,4 @@ class RouterGate:
     def admit(self, t: float, free: int) -> list[tuple[int, list[int], float]]:
         """What the queue admits at t into `free` slots, in its order."""
         self.now = t
-        out = []
-        for e in self.queue.pick(RoundRoom(free, (), 0)):
-            held = self._held.pop(e.seq)
-            self.longest_wait_s = max(self.longest_wait_s, t - held[2])
-            out.append(held)
-        return out
+        return [self._held.pop(e.seq) for e in self.queue.pick(RoundRoom(free, (), 0))]

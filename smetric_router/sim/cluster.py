@@ -90,10 +90,13 @@ class RunResult:
     link_busy_s: tuple[float, ...] = ()  # per server: seconds its link was busy
     global_fetch_bytes: float = 0.0  # KV bytes read from the global tier (whole pages)
     global_write_bytes: float = 0.0  # KV bytes written through to it
-    # the router's admission (SimConfig.max_concurrent_requests): the longest a request waited
-    # there before it was placed (its record's first_token - arrival includes it)
-    longest_router_wait_s: float = 0.0
     kept_slot_claims: int = 0  # follow-ups that took a slot kept for them (queue_session_grace_s)
+
+    @property
+    def longest_router_wait_s(self) -> float:
+        """The router's admission (SimConfig.max_concurrent_requests): the longest a request
+        waited there before it was placed (its record's first_token - arrival includes it)."""
+        return max((r.router_wait for r in self.records), default=0.0)
 
 
 class SimInstance:
@@ -417,8 +420,7 @@ class Cluster:
             tuple(link.busy_s for link in self.tiers.links),
             self.tiers.stats.fetch_bytes,
             self.tiers.stats.write_bytes,
-            gate.longest_wait_s if gate is not None else 0.0,
-            gate.claims if gate is not None else 0,
+            kept_slot_claims=gate.claims if gate is not None else 0,
         )
 
     def _place(self, i: int, hashes: list[int], arrival: float, t: float) -> None:
