@@ -9,6 +9,8 @@ import pytest
 
 from benchmarks import repro_colocated as rc
 from benchmarks import session_slots as ss
+from smetric_router.sim.cluster import RequestRecord
+from smetric_router.traces.schema import TraceRequest
 from tests.helpers.study import tiny_study
 
 
@@ -31,4 +33,32 @@ def test_the_report_end_to_end_on_a_tiny_trace(
     assert "lmetric-inflight" not in full
     assert "| 0.5x | smetric, cap 4, slots kept 1 s |" in none
     assert "| 0.5x | lmetric-inflight, no cap |" in none
+    assert "| 0.5x | smetric, cap 4, first-turn ceiling inf s |" in none
+    assert "ceiling inf" not in full
     ss.main(["--report-only"])  # every run now cached
+
+
+def test_sessions_open_is_their_time_average_over_the_run() -> None:
+    # two overlapping for 1 s of 3: open 1, then 2, then 1
+    assert ss.time_mean([(0.0, 2.0), (1.0, 3.0)]) == pytest.approx(4 / 3)
+    assert ss.time_mean([(0.0, 1.0), (2.0, 3.0)]) == pytest.approx(2 / 3)
+    assert ss.time_mean([]) == 0.0
+
+
+def test_session_columns_read_each_session_and_the_history_its_follow_ups_found() -> None:
+    reqs = [
+        TraceRequest("a0", 0.0, "a", None, 0, 100, 10, (1,), 16),
+        TraceRequest("a1", 2.0, "a", None, 1, 200, 10, (1, 2), 16, history_len=120),
+        TraceRequest("b0", 1.0, "b", None, 0, 100, 10, (3,), 16),
+    ]
+    records = [
+        RequestRecord(0.0, 100, 10, 0, 0, 0, first_token=0.5, finish=1.0, trace_index=0),
+        RequestRecord(2.0, 200, 10, 1, 0, 0, 90, 0, 5.0, 6.0, trace_index=1, router_wait=3.0),
+        RequestRecord(1.0, 100, 10, 0, 1, 1, 0, 0, 1.5, 2.0, trace_index=2, router_wait=1.0),
+    ]
+    cols = ss.session_columns(records, reqs)
+    # a open 0-6, b 1-2: 7 session-seconds over 6 s
+    assert cols["sessions_open"] == pytest.approx(7 / 6)
+    assert cols["history_found"] == pytest.approx(90 / 120)
+    assert cols["wait_follow_up"] == pytest.approx(3.0)
+    assert cols["wait_first"] == pytest.approx(0.5)
