@@ -1,7 +1,7 @@
 """Slots kept for a session's next turn (the router's --queue-session-grace-secs) behind its
 admission cap, on the on-reply cells (simulator, modelled).
 
-    python -m benchmarks.session_slots --jobs 2      # 3 seeds x 2 rates x 12 cells (~10 min)
+    python -m benchmarks.session_slots --jobs 2      # 93 runs (~15 min)
     python -m benchmarks.session_slots --report-only
 
 on_reply_classes.md found that with follow-ups sent on the reply a first-come queue, at the
@@ -19,7 +19,9 @@ order; no queue timeout, so the report counts the requests that waited past the 
 --queue-timeout-secs, which it would have refused). Writes benchmarks/results/session-slots.md:
 `smetric` without a cap, behind the plain cap and with kept slots, and the paper's `lmetric`, with
 the full global tier and without one (there also `lmetric-inflight`, the stronger baseline where
-nothing but the worker holds a history), per seed and mean [min-max].
+nothing but the worker holds a history), per seed and mean [min-max]; why the plain cap does
+not stop the collapse without a tier, from the sessions it leaves open and the history their
+follow-ups find; and the cap with kept slots swept in size against what the instances' KV holds.
 """
 
 from __future__ import annotations
@@ -38,12 +40,15 @@ from benchmarks import repro_colocated as rc
 from benchmarks.on_reply_classes import setting, ttft, within_ttft_slo
 from smetric_router.policies import make_policy
 from smetric_router.router.config import RouterConfig
-from smetric_router.sim.cluster import Cluster, RequestRecord
+from smetric_router.sim.cluster import Cluster, RequestRecord, engine_setup
 from smetric_router.sim.metrics import summarize
 from smetric_router.sim.report import spread
 from smetric_router.traces.schema import TraceRequest
 
 RATES = (1.0, 1.25)
+# the cap with kept slots swept at one rate past the knee with the tier and one without
+SIZES = (32, 40, 48, 56, 64)
+SIZE_POINTS = ((math.inf, 1.25), (0.0, 0.75))
 NO_TIER_RATES = (0.75, 1.0)  # without a tier `smetric` without a cap falls over sooner
 CAPS = (48, 56)  # 6 and 7 requests an instance of 8: below what an instance's KV holds
 GRACE_S = 1.0  # on the reply the next turn comes at once; a gap longer than this frees the slot
@@ -177,6 +182,49 @@ def keys() -> list[Key]:
             for c in cells(ratio) for seed in rc.SEEDS]  # fmt: skip
 
 
+def size_keys() -> list[Key]:
+    return [(Cell("smetric", c, GRACE_S), ratio, rate, seed) for ratio, rate in SIZE_POINTS
+            for c in SIZES for seed in rc.SEEDS]  # fmt: skip
+
+
+def kv_holds(seed: int) -> float:
+    """Mean prompts of the trace that the instances' GPU KV holds at once: the cap
+    docs/admission.md says to start from."""
+    spec = spec_of(NO_CAP, math.inf, RATES[0], seed)
+    cfg = rc.sim_config(spec)
+    engine, _ = engine_setup(cfg, rc.timing(spec, cfg), spec.ratio)
+    prompt = float(np.mean([r.input_len for r in rc.trace(seed)]))
+    return spec.instances * engine.gpu_kv_tokens / prompt
+
+
+def sizes(rows: dict[Key, dict[str, Any]]) -> list[str]:
+    head = ("setting", *(f"cap {c}" for c in SIZES))
+    table = []
+    for ratio, rate in SIZE_POINTS:
+        base = [rows[(NO_CAP, ratio, rate, t)]["tps_within_slo"] for t in rc.SEEDS]
+        cols = []
+        for c in SIZES:
+            got = [rows[(Cell("smetric", c, GRACE_S), ratio, rate, t)] for t in rc.SEEDS]
+            ratios = [g["tps_within_slo"] / b for g, b in zip(got, base, strict=True)]
+            cols.append(
+                f"{spread(g['tps_within_slo'] for g in got).fmt(',.0f')} "
+                f"({spread(g['past_timeout'] / g['requests'] for g in got).pct()} past "
+                f"{TIMEOUT_S:g} s; {spread(ratios).fmt()}x no cap)"
+            )
+        tier = "full tier" if ratio else "no tier"
+        table.append((f"{tier}, {rate:g}x", *cols))
+    holds = spread(kv_holds(t) for t in rc.SEEDS).fmt(".0f")
+    return [
+        f"TPS within SLO of `smetric` behind caps of {', '.join(map(str, SIZES))} with kept "
+        f"slots ({GRACE_S:g} s), the share of requests past the router's {TIMEOUT_S:g}-s queue "
+        "timeout, and the ratio to `smetric` without a cap. The instances' GPU KV holds "
+        f"{holds} of the trace's mean prompts at once (instances x GPU KV tokens / mean prompt "
+        "tokens, per seed): the size docs/admission.md starts from.",
+        "",
+        *rc.md_table(head, table),
+    ]
+
+
 def _run(key: Key) -> dict[str, Any]:
     return run(*key)
 
@@ -249,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--report-only", action="store_true",
                     help="render from cached runs only; fail if one is missing")  # fmt: skip
     args = ap.parse_args(argv)
-    todo = keys()
+    todo = list(dict.fromkeys(keys() + size_keys()))
     missing = [k for k in todo if not cache_path(*k).exists()]
     if args.report_only and missing:
         raise SystemExit(f"--report-only: {len(missing)} runs not cached, e.g. {missing[0]}")
@@ -286,6 +334,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         *report(rows, 0.0),
         "",
         *reading(rows),
+        "",
+        "## How large a cap, with kept slots",
+        "",
+        *sizes(rows),
     ]
     out = rc.RESULTS / "session-slots.md"
     out.write_text("\n".join(lines) + "\n")

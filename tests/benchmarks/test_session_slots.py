@@ -3,6 +3,7 @@ tests/sim/test_admission.py, tests/admission/test_slots.py)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ def test_the_report_end_to_end_on_a_tiny_trace(
     monkeypatch.setattr(ss, "RATES", (1.0,))
     monkeypatch.setattr(ss, "NO_TIER_RATES", (0.5,))
     monkeypatch.setattr(ss, "CAPS", (4,))
+    monkeypatch.setattr(ss, "SIZES", (2, 4))
+    monkeypatch.setattr(ss, "SIZE_POINTS", ((math.inf, 1.0), (0.0, 0.5)))
     with pytest.raises(SystemExit, match="not cached"):
         ss.main(["--report-only"])
     ss.main([])
@@ -35,6 +38,9 @@ def test_the_report_end_to_end_on_a_tiny_trace(
     assert "| 0.5x | lmetric-inflight, no cap |" in none
     assert "| 0.5x | smetric, cap 4, first-turn ceiling inf s |" in none
     assert "ceiling inf" not in full
+    none, sizes = none.split("## How large a cap, with kept slots")
+    assert "| full tier, 1x |" in sizes and "| no tier, 0.5x |" in sizes
+    assert "| setting | cap 2 | cap 4 |" in sizes
     ss.main(["--report-only"])  # every run now cached
 
 
