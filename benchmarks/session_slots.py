@@ -1,7 +1,7 @@
 """Slots kept for a session's next turn (the router's --queue-session-grace-secs) behind its
 admission cap, on the on-reply cells (simulator, modelled).
 
-    python -m benchmarks.session_slots --jobs 2      # 93 runs (~15 min)
+    python -m benchmarks.session_slots --jobs 2      # 93 runs (~30 min)
     python -m benchmarks.session_slots --report-only
 
 on_reply_classes.md found that with follow-ups sent on the reply a first-come queue, at the
@@ -128,31 +128,39 @@ def time_mean(spans: Sequence[tuple[float, float]]) -> float:
 def session_columns(
     records: Sequence[RequestRecord], reqs: Sequence[TraceRequest]
 ) -> dict[str, float]:
-    """What the cap does to sessions: how many are open at once (first request sent to last reply
-    ended), how much of the history a follow-up carries it found on its instance's own tiers, and
-    how long each turn class waited at the router."""
+    """What the cap does to sessions: how many run at once (first request placed on an instance
+    to last reply ended: a session whose first turn still waits at the router holds nothing
+    there yet), how much of the history a follow-up carries it found on its instance's own
+    tiers, and how long each turn class waited at the router."""
     spans: dict[str, tuple[float, float]] = {}
     for r in records:
         sid = reqs[r.trace_index].session
-        a, b = spans.get(sid, (r.arrival, r.finish))
-        spans[sid] = (min(a, r.arrival), max(b, r.finish))
+        placed = r.arrival + r.router_wait
+        a, b = spans.get(sid, (placed, r.finish))
+        spans[sid] = (min(a, placed), max(b, r.finish))
     follow = [r for r in records if r.turn > 0]
     carried = sum(reqs[r.trace_index].history_len for r in follow)
     found = sum(min(r.cached_local, reqs[r.trace_index].history_len) for r in follow)
     return {
-        "sessions_open": time_mean(list(spans.values())),
+        "sessions_running": time_mean(list(spans.values())),
         "history_found": found / carried if carried else 0.0,
         "wait_follow_up": float(np.mean([r.router_wait for r in follow])) if follow else 0.0,
         "wait_first": float(np.mean([r.router_wait for r in records if r.turn == 0] or [0.0])),
     }
 
 
+def cached(cell: Cell, ratio: float, rate: float, seed: int) -> dict[str, Any] | None:
+    """A run's cached row; None where it was never run or was run before the session columns."""
+    row = rc.load_cached(cache_path(cell, ratio, rate, seed))
+    return row if row is not None and "sessions_running" in row else None
+
+
 def run(cell: Cell, ratio: float, rate: float, seed: int) -> dict[str, Any]:
     spec = spec_of(cell, ratio, rate, seed)
     path = cache_path(cell, ratio, rate, seed)
-    cached = rc.load_cached(path)
-    if cached is not None and "sessions_open" in cached:
-        return cached
+    row = cached(cell, ratio, rate, seed)
+    if row is not None:
+        return row
     cfg = replace(rc.sim_config(spec), queue_session_grace_s=cell.grace)
     if cell.ceiling is not None:
         cfg = replace(cfg, queue_first_turn_ceiling_s=cell.ceiling)
@@ -198,7 +206,7 @@ def kv_holds(seed: int) -> float:
 
 
 def sizes(rows: dict[Key, dict[str, Any]]) -> list[str]:
-    head = ("setting", *(f"cap {c}" for c in SIZES))
+    head = ("setting", *(f"cap {c}" for c in SIZES), "lmetric, no cap")
     table = []
     for ratio, rate in SIZE_POINTS:
         base = [rows[(NO_CAP, ratio, rate, t)]["tps_within_slo"] for t in rc.SEEDS]
@@ -211,6 +219,9 @@ def sizes(rows: dict[Key, dict[str, Any]]) -> list[str]:
                 f"({spread(g['past_timeout'] / g['requests'] for g in got).pct()} past "
                 f"{TIMEOUT_S:g} s; {spread(ratios).fmt()}x no cap)"
             )
+        lm = [rows[(Cell("lmetric"), ratio, rate, t)]["tps_within_slo"] for t in rc.SEEDS]
+        lm_ratios = [x / b for x, b in zip(lm, base, strict=True)]
+        cols.append(f"{spread(lm).fmt(',.0f')} ({spread(lm_ratios).fmt()}x no cap)")
         tier = "full tier" if ratio else "no tier"
         table.append((f"{tier}, {rate:g}x", *cols))
     holds = spread(kv_holds(t) for t in rc.SEEDS).fmt(".0f")
@@ -233,7 +244,7 @@ def report(rows: dict[Key, dict[str, Any]], ratio: float) -> list[str]:
     head = ("rate", "router", "TPS within SLO", "/ smetric, no cap", "per seed",
             "within TTFT SLO", "TTFT p90 (s)", "TTFT p99 (s)", "TTFT max (s)",
             "longest wait at the router (s)", f"waited past {TIMEOUT_S:g} s (429 in the router)",
-            "slots claimed", "sessions open (mean)", "follow-ups' history on their instance",
+            "slots claimed", "sessions running (mean)", "follow-ups' history on their instance",
             "router wait, follow-ups / first turns (mean s)")  # fmt: skip
     table = []
     for rate in rates(ratio):
@@ -252,12 +263,21 @@ def report(rows: dict[Key, dict[str, Any]], ratio: float) -> list[str]:
                 spread(r["router_wait_max"] for r in cell).fmt(".0f"),
                 spread(r["past_timeout"] / r["requests"] for r in cell).pct(),
                 spread(r["claims"] / r["requests"] for r in cell).pct(),
-                spread(r["sessions_open"] for r in cell).fmt(".0f"),
+                spread(r["sessions_running"] for r in cell).fmt(".0f"),
                 spread(r["history_found"] for r in cell).pct(),
                 f"{spread(r['wait_follow_up'] for r in cell).fmt('.1f')} / "
                 f"{spread(r['wait_first'] for r in cell).fmt('.1f')}",
             ))  # fmt: skip
     return rc.md_table(head, table)
+
+
+def begun_before(reqs: Sequence[TraceRequest]) -> float:
+    """The share of the window's sessions whose first request in it carries a history: begun
+    before the window, a follow-up to the router."""
+    first: dict[str, TraceRequest] = {}
+    for r in reqs:
+        first.setdefault(r.session, r)
+    return sum(r.history_len > 0 for r in first.values()) / len(first) if first else 0.0
 
 
 def reading(rows: dict[Key, dict[str, Any]]) -> list[str]:
@@ -269,25 +289,28 @@ def reading(rows: dict[Key, dict[str, Any]]) -> list[str]:
 
     plain, slots = Cell("smetric", CAPS[0]), Cell("smetric", CAPS[0], GRACE_S)
     no_ceiling = Cell("smetric", CAPS[0], ceiling=math.inf)
+    before = float(np.mean([begun_before(rc.trace(t)) for t in rc.SEEDS]))
     return [
         f"Why the plain cap does not stop the collapse (means over the seeds at {rate:g}x): it "
         "bounds the requests in flight, not the sessions. With follow-ups sent on the reply "
-        "each session's next turn queues behind every other open session's "
+        "each session's next turn queues behind every other running session's "
         f"({mean(plain, 'wait_follow_up'):.0f} s at the router for a follow-up, "
         f"{mean(plain, 'wait_first'):.1f} s for a first turn, which passes follow-ups at the "
-        f"5-s ceiling), so new sessions keep opening: {mean(plain, 'sessions_open'):.0f} open at "
-        f"once behind the cap of {CAPS[0]}, {mean(NO_CAP, 'sessions_open'):.0f} without it. While "
-        "a follow-up waits, the requests admitted before it evict its history from its "
-        f"instance, which finds {mean(plain, 'history_found'):.0%} of what it carries and "
-        "recomputes the rest; the extra prefill keeps the queue long. With the ceiling off "
-        "first turns never pass follow-ups, yet sessions opened before the queue formed are "
-        f"enough: {mean(no_ceiling, 'sessions_open'):.0f} open, "
+        f"5-s ceiling), so new sessions keep starting: {mean(plain, 'sessions_running'):.0f} "
+        f"run at once behind the cap of {CAPS[0]}, {mean(NO_CAP, 'sessions_running'):.0f} "
+        "without it. While a follow-up waits, the requests admitted before it evict its history "
+        f"from its instance, which finds {mean(plain, 'history_found'):.0%} of what it carries "
+        "and recomputes the rest; the extra prefill keeps the queue long. With the ceiling off "
+        f"first turns never pass follow-ups (they wait {mean(no_ceiling, 'wait_first'):,.0f} s), "
+        f"yet the window's sessions begun before it ({before:.0%} of them: their first request "
+        "in the window carries a history, so the router sees a follow-up) are enough: "
+        f"{mean(no_ceiling, 'sessions_running'):.0f} running, "
         f"{mean(no_ceiling, 'history_found'):.0%} found, "
         f"{mean(no_ceiling, 'tps_within_slo'):,.0f} TPS within SLO. Kept slots give the slot "
-        "to the turn that continues the session that just ran, so the sessions open stay few "
-        f"({mean(slots, 'sessions_open'):.0f}) and their histories stay where they are "
+        "to the turn that continues the session that just ran, so few sessions run at once "
+        f"({mean(slots, 'sessions_running'):.0f}) and their histories stay where they are "
         f"({mean(slots, 'history_found'):.0%} found): the cap then bounds sessions, and the "
-        "wait falls on new sessions, which have nothing cached to lose.",
+        "wait falls on sessions not yet running, which have nothing cached to lose.",
     ]
 
 
@@ -298,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="render from cached runs only; fail if one is missing")  # fmt: skip
     args = ap.parse_args(argv)
     todo = list(dict.fromkeys(keys() + size_keys()))
-    missing = [k for k in todo if not cache_path(*k).exists()]
+    missing = [k for k in todo if cached(*k) is None]
     if args.report_only and missing:
         raise SystemExit(f"--report-only: {len(missing)} runs not cached, e.g. {missing[0]}")
     if args.jobs > 1 and len(missing) > 1:

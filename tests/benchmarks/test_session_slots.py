@@ -40,7 +40,7 @@ def test_the_report_end_to_end_on_a_tiny_trace(
     assert "ceiling inf" not in full
     none, sizes = none.split("## How large a cap, with kept slots")
     assert "| full tier, 1x |" in sizes and "| no tier, 0.5x |" in sizes
-    assert "| setting | cap 2 | cap 4 |" in sizes
+    assert "| setting | cap 2 | cap 4 | lmetric, no cap |" in sizes
     ss.main(["--report-only"])  # every run now cached
 
 
@@ -60,11 +60,11 @@ def test_session_columns_read_each_session_and_the_history_its_follow_ups_found(
     records = [
         RequestRecord(0.0, 100, 10, 0, 0, 0, first_token=0.5, finish=1.0, trace_index=0),
         RequestRecord(2.0, 200, 10, 1, 0, 0, 90, 0, 5.0, 6.0, trace_index=1, router_wait=3.0),
-        RequestRecord(1.0, 100, 10, 0, 1, 1, 0, 0, 1.5, 2.0, trace_index=2, router_wait=1.0),
+        RequestRecord(1.0, 100, 10, 0, 1, 1, 0, 0, 2.5, 3.0, trace_index=2, router_wait=1.0),
     ]
     cols = ss.session_columns(records, reqs)
-    # a open 0-6, b 1-2: 7 session-seconds over 6 s
-    assert cols["sessions_open"] == pytest.approx(7 / 6)
+    # a runs 0-6, b from its placement at 2 (not its arrival at 1) to 3: 7 over 6 s
+    assert cols["sessions_running"] == pytest.approx(7 / 6)
     assert cols["history_found"] == pytest.approx(90 / 120)
     assert cols["wait_follow_up"] == pytest.approx(3.0)
     assert cols["wait_first"] == pytest.approx(0.5)
