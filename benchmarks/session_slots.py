@@ -205,23 +205,33 @@ def kv_holds(seed: int) -> float:
     return spec.instances * engine.gpu_kv_tokens / prompt
 
 
+def versus_no_cap(
+    rows: dict[Key, dict[str, Any]], cell: Cell, ratio: float, rate: float
+) -> tuple[list[dict[str, Any]], list[float]]:
+    """A cell's runs, seeds in order, and each one's TPS within SLO over `smetric` without a cap
+    on the same seed."""
+    got = [rows[(cell, ratio, rate, t)] for t in rc.SEEDS]
+    base = [rows[(NO_CAP, ratio, rate, t)]["tps_within_slo"] for t in rc.SEEDS]
+    return got, [g["tps_within_slo"] / b for g, b in zip(got, base, strict=True)]
+
+
 def sizes(rows: dict[Key, dict[str, Any]]) -> list[str]:
     head = ("setting", *(f"cap {c}" for c in SIZES), "lmetric, no cap")
     table = []
     for ratio, rate in SIZE_POINTS:
-        base = [rows[(NO_CAP, ratio, rate, t)]["tps_within_slo"] for t in rc.SEEDS]
         cols = []
         for c in SIZES:
-            got = [rows[(Cell("smetric", c, GRACE_S), ratio, rate, t)] for t in rc.SEEDS]
-            ratios = [g["tps_within_slo"] / b for g, b in zip(got, base, strict=True)]
+            got, ratios = versus_no_cap(rows, Cell("smetric", c, GRACE_S), ratio, rate)
             cols.append(
                 f"{spread(g['tps_within_slo'] for g in got).fmt(',.0f')} "
                 f"({spread(g['past_timeout'] / g['requests'] for g in got).pct()} past "
                 f"{TIMEOUT_S:g} s; {spread(ratios).fmt()}x no cap)"
             )
-        lm = [rows[(Cell("lmetric"), ratio, rate, t)]["tps_within_slo"] for t in rc.SEEDS]
-        lm_ratios = [x / b for x, b in zip(lm, base, strict=True)]
-        cols.append(f"{spread(lm).fmt(',.0f')} ({spread(lm_ratios).fmt()}x no cap)")
+        lm, lm_ratios = versus_no_cap(rows, Cell("lmetric"), ratio, rate)
+        cols.append(
+            f"{spread(g['tps_within_slo'] for g in lm).fmt(',.0f')} "
+            f"({spread(lm_ratios).fmt()}x no cap)"
+        )
         tier = "full tier" if ratio else "no tier"
         table.append((f"{tier}, {rate:g}x", *cols))
     holds = spread(kv_holds(t) for t in rc.SEEDS).fmt(".0f")
@@ -249,9 +259,7 @@ def report(rows: dict[Key, dict[str, Any]], ratio: float) -> list[str]:
     table = []
     for rate in rates(ratio):
         for c in cells(ratio):
-            cell = [rows[(c, ratio, rate, t)] for t in rc.SEEDS]
-            ratios = [r["tps_within_slo"] / rows[(NO_CAP, ratio, rate, r["seed"])]["tps_within_slo"]
-                      for r in cell]  # fmt: skip
+            cell, ratios = versus_no_cap(rows, c, ratio, rate)
             table.append((
                 f"{rate:g}x", c.name(),
                 spread(r["tps_within_slo"] for r in cell).fmt(",.0f"),
