@@ -26,8 +26,17 @@ async def sub(worker: Worker) -> AsyncIterator[zmq.asyncio.Socket]:
         assert n < 200, "no KV events from the worker"
         body = {"input_ids": [90_000 + n] * PAGE, "sampling_params": {"max_new_tokens": 1}}
         await worker.post("/generate", body)
-    while await sock.poll(50):
-        await sock.recv_multipart()
+    # Batches of the probes may still be in flight: send a marker and drain up to its batch,
+    # so that each test reads only the events it caused.
+    marker = 89_999
+    await worker.post(
+        "/generate", {"input_ids": [marker] * PAGE, "sampling_params": {"max_new_tokens": 1}}
+    )
+    while True:
+        assert await sock.poll(5000), "the marker's KV events never arrived"
+        events = decode_batch((await sock.recv_multipart())[2]).events
+        if any(isinstance(e, BlockStored) and e.token_ids[:1] == [marker] for e in events):
+            break
     yield sock
     sock.close(0)
     ctx.term()
