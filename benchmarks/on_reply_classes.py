@@ -21,7 +21,9 @@ Per class: how many, TTFT p50 / p90, the share within the TTFT SLO and the mean 
 per instance when they were placed; per run: TTFT p99 and max, and how unevenly the slow
 requests fall (the share of the worst instance's requests over 30 s). Beside them `smetric`
 behind the router's admission cap (--max-concurrent-requests, CAPS; sim/admission.py), which
-holds the requests beyond it at the router instead of in the instances' queues. Mean [min-max]
+holds the requests beyond it at the router instead of in the instances' queues and refuses
+(429) those that waited its --queue-timeout-secs; TTFTs are of the requests placed, the refused
+in a column of their own. Mean [min-max]
 over the trace seeds. Runs are cached beside the study's (CACHE, key + "-classes"). Writes
 benchmarks/results/on-reply-classes.md.
 """
@@ -99,6 +101,16 @@ def ttft(r: RequestRecord) -> float:
     return r.first_token - r.arrival if r.first_token >= 0 else math.inf
 
 
+def placed(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The requests the router placed: those its admission refused after its queue timeout (the
+    client got a 429) are counted apart, not as an endless TTFT."""
+    return [r for r in records if not r.refused]
+
+
+def refused_share(records: Sequence[RequestRecord]) -> float:
+    return sum(r.refused for r in records) / len(records) if records else 0.0
+
+
 def within_ttft_slo(records: Sequence[RequestRecord], slo: Slo) -> float:
     """The share of requests whose TTFT met the SLO (one never answered did not)."""
     return float(np.mean([ttft(r) <= slo.ttft_limit(r.input_len) for r in records]))
@@ -158,15 +170,17 @@ def run(s: rc.Spec) -> dict[str, Any]:
     rec = Recorder(make_policy(s.policy, cfg.params), cfg.params.hit_ratio)
     t0 = time.perf_counter()
     res = Cluster(cfg, rec, s.ratio, timing=rc.timing(s, cfg)).run(rc.trace(s.seed), s.stretch())
-    t = np.array([ttft(r) for r in res.records])
+    served = placed(res.records)
+    t = np.array([ttft(r) for r in served])
     out = {
         "policy": label(s.policy, s.cap), "rate": s.rate, "seed": s.seed,
         "tps_within_slo": summarize(res, cfg.slo, s.policy, s.rate, s.ratio)["tps_within_slo"],
         "ttft_p99": float(np.percentile(t, 99)), "ttft_max": float(t.max()),
-        "worst_slow_share": worst_slow_share(res.records, cfg.instances),
+        "worst_slow_share": worst_slow_share(served, cfg.instances),
         "ttft_ok": within_ttft_slo(res.records, cfg.slo),
         "router_wait_max": res.longest_router_wait_s,
-        "classes": class_rows(res.records, rec.classes, rec.loads, cfg.slo),
+        "refused": refused_share(res.records),
+        "classes": class_rows(served, rec.classes, rec.loads, cfg.slo),
         "wall_s": time.perf_counter() - t0,
     }  # fmt: skip
     rc.store(path, out)
@@ -186,7 +200,7 @@ def report(rows: Sequence[dict[str, Any]]) -> list[str]:
     seeds = sorted({r["seed"] for r in rows})
     head = ("rate", "policy", "TPS within SLO", "/ smetric", "within TTFT SLO",
             "TTFT p99 (s)", "TTFT max (s)", "worst instance: share over 30 s",
-            "longest wait at the router (s)")  # fmt: skip
+            "longest wait at the router (s)", "refused (429 after the queue timeout)")  # fmt: skip
     table = []
     names = [*POLICIES, *(label("smetric", c) for c in CAPS)]
     for rate in RATES:
@@ -201,6 +215,7 @@ def report(rows: Sequence[dict[str, Any]]) -> list[str]:
                 spread(r["ttft_max"] for r in cell).fmt(".0f"),
                 spread(r["worst_slow_share"] for r in cell).pct(),
                 spread(r["router_wait_max"] for r in cell).fmt(".0f"),
+                spread(r["refused"] for r in cell).pct(),
             ))  # fmt: skip
     body = ["## Per run", "", *rc.md_table(head, table), "", "## Per class", ""]
     head2 = ("rate", "policy", "class", "requests", "TTFT p50 (s)", "TTFT p90 (s)",
@@ -253,7 +268,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "",
         "Setting: the priority figure's on-reply cells without priority, and `smetric` behind "
         "the router's admission cap (`--max-concurrent-requests`, modelled with the router's "
-        f"own queue order; smetric_router/sim/NOTES.md): {setting()} Classes by what the router "
+        "own queue order and its 60-s queue timeout, after which a request is refused and its "
+        "client sends the next turn; TTFTs are of the requests placed; "
+        f"smetric_router/sim/NOTES.md): {setting()} Classes by what the router "
         "saw when it placed the request (benchmarks/on_reply_classes.py). Mean [min–max] over "
         "the trace seeds.",
         "",

@@ -15,11 +15,12 @@ ended prompt's last full page hash, claimed by a follow-up whose prompt holds th
 sub-agent re-using its parent's context may take the slot too.
 
 Everything else is the simulator's model of the router's admission (sim/admission.py: its queue
-order; no queue timeout, so the report counts the requests that waited past the router's
---queue-timeout-secs, which it would have refused). Writes benchmarks/results/session-slots.md:
-`smetric` without a cap, behind the plain cap and with kept slots, and the paper's `lmetric`, with
-the full global tier and without one (there also `lmetric-inflight`, the stronger baseline where
-nothing but the worker holds a history), per seed and mean [min-max]; why the plain cap does
+order and its queue timeout, after which a request is refused, a 429, and its client sends the
+next turn at once, as bench_serving does; the report counts them apart from the TTFTs).
+Writes benchmarks/results/session-slots.md: `smetric` without a cap, behind the plain cap and
+with kept slots, and the paper's `lmetric`, with the full global tier and without one (there
+also `lmetric-inflight`, the stronger baseline where nothing but the worker holds a history),
+per seed and mean [min-max]; why the plain cap does
 not stop the collapse without a tier, from the sessions it leaves open and the history their
 follow-ups find; and the cap with kept slots swept in size against what the instances' KV holds.
 """
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import repro_colocated as rc
-from benchmarks.on_reply_classes import setting, ttft, within_ttft_slo
+from benchmarks.on_reply_classes import placed, setting, ttft, within_ttft_slo
 from smetric_router.policies import make_policy
 from smetric_router.router.config import RouterConfig
 from smetric_router.sim.cluster import Cluster, RequestRecord, engine_setup
@@ -52,8 +53,8 @@ SIZE_POINTS = ((math.inf, 1.25), (0.0, 0.75))
 NO_TIER_RATES = (0.75, 1.0)  # without a tier `smetric` without a cap falls over sooner
 CAPS = (48, 56)  # 6 and 7 requests an instance of 8: below what an instance's KV holds
 GRACE_S = 1.0  # on the reply the next turn comes at once; a gap longer than this frees the slot
-# the router refuses (429) a request that waited this long in its queue; the simulator lets it
-# wait on, so the report counts them
+# the router refuses (429) a request that waited this long in its queue, and so does the
+# simulator (SimConfig.queue_timeout_s, the same default)
 TIMEOUT_S = next(
     float(str(f.default)) for f in fields(RouterConfig) if f.name == "queue_timeout_secs"
 )
@@ -125,6 +126,10 @@ def time_mean(spans: Sequence[tuple[float, float]]) -> float:
     return area / extent if extent > 0 else 0.0
 
 
+def mean_wait(records: Sequence[RequestRecord]) -> float:
+    return float(np.mean([r.router_wait for r in records])) if records else 0.0
+
+
 def session_columns(
     records: Sequence[RequestRecord], reqs: Sequence[TraceRequest]
 ) -> dict[str, float]:
@@ -132,20 +137,22 @@ def session_columns(
     to last reply ended: a session whose first turn still waits at the router holds nothing
     there yet), how much of the history a follow-up carries it found on its instance's own
     tiers, and how long each turn class waited at the router."""
+    went = placed(records)  # a refused request holds no span and finds no history
     spans: dict[str, tuple[float, float]] = {}
-    for r in records:
+    for r in went:
         sid = reqs[r.trace_index].session
-        placed = r.arrival + r.router_wait
-        a, b = spans.get(sid, (placed, r.finish))
-        spans[sid] = (min(a, placed), max(b, r.finish))
-    follow = [r for r in records if r.turn > 0]
+        start = r.arrival + r.router_wait
+        a, b = spans.get(sid, (start, r.finish))
+        spans[sid] = (min(a, start), max(b, r.finish))
+    follow = [r for r in went if r.turn > 0]
     carried = sum(reqs[r.trace_index].history_len for r in follow)
     found = sum(min(r.cached_local, reqs[r.trace_index].history_len) for r in follow)
     return {
         "sessions_running": time_mean(list(spans.values())),
         "history_found": found / carried if carried else 0.0,
-        "wait_follow_up": float(np.mean([r.router_wait for r in follow])) if follow else 0.0,
-        "wait_first": float(np.mean([r.router_wait for r in records if r.turn == 0] or [0.0])),
+        # the refused waited too: the timeout, then the 429
+        "wait_follow_up": mean_wait([r for r in records if r.turn > 0]),
+        "wait_first": mean_wait([r for r in records if r.turn == 0]),
     }
 
 
@@ -168,7 +175,7 @@ def run(cell: Cell, ratio: float, rate: float, seed: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     sim = Cluster(cfg, pol, spec.ratio, timing=rc.timing(spec, cfg))
     res = sim.run(rc.trace(seed), spec.stretch())
-    waits = np.array([ttft(r) for r in res.records])
+    waits = np.array([ttft(r) for r in placed(res.records)])
     out = {
         "policy": cell.policy, "cap": cell.cap, "grace": cell.grace, "ratio": ratio,
         "rate": rate, "seed": seed,
@@ -176,7 +183,7 @@ def run(cell: Cell, ratio: float, rate: float, seed: int) -> dict[str, Any]:
         "ttft_ok": within_ttft_slo(res.records, cfg.slo),
         "ttft_p90": float(np.percentile(waits, 90)), "ttft_p99": float(np.percentile(waits, 99)),
         "ttft_max": float(waits.max()), "router_wait_max": res.longest_router_wait_s,
-        "past_timeout": sum(r.router_wait >= TIMEOUT_S for r in res.records),
+        "past_timeout": sum(r.refused for r in res.records),
         "claims": res.kept_slot_claims, **session_columns(res.records, rc.trace(seed)),
         "requests": len(res.records), "wall_s": time.perf_counter() - t0,
     }  # fmt: skip
@@ -224,8 +231,8 @@ def sizes(rows: dict[Key, dict[str, Any]]) -> list[str]:
             got, ratios = versus_no_cap(rows, Cell("smetric", c, GRACE_S), ratio, rate)
             cols.append(
                 f"{spread(g['tps_within_slo'] for g in got).fmt(',.0f')} "
-                f"({spread(g['past_timeout'] / g['requests'] for g in got).pct()} past "
-                f"{TIMEOUT_S:g} s; {spread(ratios).fmt()}x no cap)"
+                f"({spread(g['past_timeout'] / g['requests'] for g in got).pct()} refused; "
+                f"{spread(ratios).fmt()}x no cap)"
             )
         lm, lm_ratios = versus_no_cap(rows, Cell("lmetric"), ratio, rate)
         cols.append(
@@ -237,8 +244,8 @@ def sizes(rows: dict[Key, dict[str, Any]]) -> list[str]:
     holds = spread(kv_holds(t) for t in rc.SEEDS).fmt(".0f")
     return [
         f"TPS within SLO of `smetric` behind caps of {', '.join(map(str, SIZES))} with kept "
-        f"slots ({GRACE_S:g} s), the share of requests past the router's {TIMEOUT_S:g}-s queue "
-        "timeout, and the ratio to `smetric` without a cap. The instances' GPU KV holds "
+        f"slots ({GRACE_S:g} s), the share of requests refused after the router's {TIMEOUT_S:g}-s "
+        "queue timeout, and the ratio to `smetric` without a cap. The instances' GPU KV holds "
         f"{holds} of the trace's mean prompts at once (instances x GPU KV tokens / mean prompt "
         "tokens, per seed): the size docs/admission.md starts from.",
         "",
@@ -253,7 +260,7 @@ def _run(key: Key) -> dict[str, Any]:
 def report(rows: dict[Key, dict[str, Any]], ratio: float) -> list[str]:
     head = ("rate", "router", "TPS within SLO", "/ smetric, no cap", "per seed",
             "within TTFT SLO", "TTFT p90 (s)", "TTFT p99 (s)", "TTFT max (s)",
-            "longest wait at the router (s)", f"waited past {TIMEOUT_S:g} s (429 in the router)",
+            "longest wait at the router (s)", f"refused (429 after {TIMEOUT_S:g} s at the router)",
             "slots claimed", "sessions running (mean)", "follow-ups' history on their instance",
             "router wait, follow-ups / first turns (mean s)")  # fmt: skip
     table = []
@@ -347,10 +354,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "",
         f"Setting: on_reply_classes.md's: {setting()} The cap "
         "is the router's `--max-concurrent-requests` with its queue order and first-turn ceiling "
-        f"(5 s); kept slots wait {GRACE_S:g} s for their claim. The simulator's router queue has "
-        f"no timeout: a request waits until admitted, and the router would have answered 429 to "
-        f"those that waited {TIMEOUT_S:g} s (its `--queue-timeout-secs`; what their clients "
-        "would have done then is not modelled). Mean [min–max] over the trace seeds; the ratios "
+        f"(5 s); kept slots wait {GRACE_S:g} s for their claim. A request that waited "
+        f"{TIMEOUT_S:g} s at the router is refused (its `--queue-timeout-secs`, a 429): it gets "
+        "no first token, counts against the SLO, and its client sends the next turn at once "
+        "(bench_serving's multi-turn client moves on after a failed turn); TTFTs are of the "
+        "requests placed. Mean [min–max] over the trace seeds; the ratios "
         "per seed, seeds in order.",
         "",
         "## With the full global tier",

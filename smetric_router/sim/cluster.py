@@ -76,6 +76,8 @@ class RequestRecord:
     finish: float = -1.0
     trace_index: int = -1  # its request's index in the trace
     router_wait: float = 0.0  # how long the router's admission held it before placing it
+    # the router's admission refused it after its queue timeout (never placed: instance -1)
+    refused: bool = False
 
 
 __all__ = ["Cluster", "RequestRecord", "RunResult", "add_to_windows", "engine_setup", "simulate"]
@@ -252,7 +254,9 @@ class Cluster:
         self._follow: _Followers | None = None
         cap = cfg.max_concurrent_requests
         self._gate = (
-            RouterGate(cap, cfg.queue_first_turn_ceiling_s, cfg.queue_session_grace_s)
+            RouterGate(
+                cap, cfg.queue_first_turn_ceiling_s, cfg.queue_session_grace_s, cfg.queue_timeout_s
+            )
             if cap > 0
             else None
         )
@@ -389,7 +393,11 @@ class Cluster:
         arrived = 0
         while True:
             # a reply may send a follow-up before the next arrival known now, or after the last
-            self._run_events(pending[0][0] if pending else math.inf)
+            until = pending[0][0] if pending else math.inf
+            due = gate.next_timeout() if gate is not None else None
+            self._run_events(until if due is None else min(until, due))
+            if due is not None and self._refuse(due):
+                continue
             if self._expire_idle():
                 continue
             if not pending:
@@ -478,6 +486,34 @@ class Cluster:
             return
         for i, hashes, arrival in gate.admit(t, gate.cap - self._taken(gate)):
             self._place(i, hashes, arrival, t)
+
+    def _refuse(self, due: float) -> bool:
+        """The router's queue timeout at `due`, unless an arrival comes first or requests were
+        admitted since (then the oldest waiting one times out later). A refused request is
+        never placed; its client goes on with its conversation then."""
+        gate = self._gate
+        assert gate is not None
+        pending = self._pending
+        if gate.next_timeout() != due or (pending and pending[0][0] < due):
+            return False
+        expiry = gate.next_expiry()
+        if not self._heap and expiry is not None and expiry < due:
+            return False  # nothing runs: the kept slot goes back to the queue first (_expire_idle)
+        self._admit(due)  # kept slots whose grace ended go to the queue first
+        for i, _, arrival in gate.refuse(due):
+            req = self._trace[i]
+            first = self._session_first.get(req.session, -1)
+            self._records.append(
+                RequestRecord(
+                    arrival, req.input_len, req.output_len, req.turn, -1, first,
+                    trace_index=i, router_wait=due - arrival, refused=True,
+                )
+            )  # fmt: skip
+            if self._follow is not None:
+                self._follow.release(i, due, pending)
+            if self._progress is not None:
+                self._progress(1)
+        return True
 
     def _taken(self, gate: RouterGate) -> int:
         """The slots the router's cap counts: requests placed and not finished, and the slots

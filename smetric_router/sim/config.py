@@ -215,6 +215,17 @@ class SimConfig:
         ),
     )
 
+    queue_timeout_s: float = option(
+        60.0,
+        Flag(
+            "--queue-timeout-secs",
+            "with --max-concurrent-requests: a request that has waited this long at the router "
+            "is refused, never placed (the router's flag and default; it answers 429); with "
+            "--follow-ups on-reply its conversation's next turn is sent then. inf = it waits "
+            "until admitted",
+        ),
+    )
+
     follow_ups: str = option(
         "trace",
         Flag(
@@ -239,6 +250,8 @@ class SimConfig:
             raise ValueError(f"follow_ups must be one of {FOLLOW_UPS}, got {self.follow_ups!r}")
         if self.max_concurrent_requests < 0 or self.queue_first_turn_ceiling_s < 0:
             raise ValueError("max_concurrent_requests and queue_first_turn_ceiling_s must be >= 0")
+        if not self.queue_timeout_s > 0:
+            raise ValueError(f"queue_timeout_s must be > 0, got {self.queue_timeout_s}")
         if not self.queue_session_grace_s >= 0:
             raise ValueError(
                 f"queue_session_grace_s must be >= 0, got {self.queue_session_grace_s}"

@@ -4,10 +4,11 @@
   finish (PD colocation counts prefill and decode tokens); tps_within_slo: the same numerator
   restricted to requests meeting both SLOs.
 - ttft_*: seconds; tpot_*: milliseconds, (finish - first token) / (output tokens - 1), over
-  requests with at least two output tokens. Requests the engine dropped (could never fit) have
-  neither and never meet the SLO.
+  requests with at least two output tokens. Requests the engine dropped (could never fit) and
+  those the router's admission refused (its queue timeout) have neither and never meet the SLO;
+  `refused` counts the latter.
 - reuse / local_hit / global_hit ratios: cached prompt tokens (any tier / GPU + host / global)
-  over all prompt tokens.
+  over the prompt tokens of the requests placed.
 - imbalance_mean: over windows of SimConfig.window_s with any load, from the first window up to
   the one holding the last arrival, max / mean of the tokens each instance computed (prefill
   computed + decode). The drain after the last arrival is left out: there a replay of a trace's
@@ -78,6 +79,7 @@ class Placement:
 
 
 def placement(recs: Sequence[RequestRecord]) -> Placement:
+    recs = [r for r in recs if not r.refused]  # the router's admission never placed them
     prompt = sum(r.input_len for r in recs)
     local = sum(r.cached_local for r in recs)
     glob = sum(r.cached_global for r in recs)
@@ -180,5 +182,6 @@ def summarize(
         "global_hit_ratio": where.global_hit_ratio,
         "imbalance_mean": imbalance_mean(run.window_tokens, recs, run.window_s),
         "followup_stickiness": where.followup_stickiness,
+        "refused": sum(r.refused for r in recs),
         **tier_fields(run, span),
     }

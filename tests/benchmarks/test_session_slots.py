@@ -68,3 +68,17 @@ def test_session_columns_read_each_session_and_the_history_its_follow_ups_found(
     assert cols["history_found"] == pytest.approx(90 / 120)
     assert cols["wait_follow_up"] == pytest.approx(3.0)
     assert cols["wait_first"] == pytest.approx(0.5)
+
+
+def test_a_refused_request_holds_no_session_open_but_counts_its_wait() -> None:
+    reqs = [
+        TraceRequest("a0", 0.0, "a", None, 0, 100, 10, (1,), 16),
+        TraceRequest("c0", 1.0, "c", None, 0, 100, 10, (4,), 16),
+    ]
+    records = [
+        RequestRecord(0.0, 100, 10, 0, 0, 0, first_token=0.5, finish=2.0, trace_index=0),
+        RequestRecord(1.0, 100, 10, 0, -1, -1, trace_index=1, router_wait=60.0, refused=True),
+    ]
+    cols = ss.session_columns(records, reqs)
+    assert cols["sessions_running"] == pytest.approx(1.0)  # only a ran, from 0 to 2
+    assert cols["wait_first"] == pytest.approx(30.0)  # 0 s and the refused one's 60 s

@@ -1,19 +1,21 @@
 """SimConfig.max_concurrent_requests: the router's admission cap in the simulator, with the
 router's own queue order (follow-ups first, first turns past the ceiling before them) and its
-kept session slots (queue_session_grace_s)."""
+kept session slots (queue_session_grace_s) and its queue timeout (queue_timeout_s)."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
 from smetric_router.policies import make_policy
+from smetric_router.router.config import RouterConfig
 from smetric_router.sim.__main__ import main as sim_main
-from smetric_router.sim.cluster import Cluster, RunResult
+from smetric_router.sim.cluster import Cluster, RequestRecord, RunResult
 from smetric_router.sim.config import SimConfig
+from smetric_router.sim.metrics import summarize
 from smetric_router.traces.schema import TraceRequest
 from tests.sim.test_sim import _sessions
 
@@ -107,6 +109,52 @@ def test_a_kept_slot_goes_to_the_sessions_next_turn_first() -> None:
     assert res.longest_router_wait_s >= s0t1.finish + 1.0 - 0.001
 
 
+def _by_id(trace: list[TraceRequest], res: RunResult) -> dict[str, RequestRecord]:
+    return {trace[r.trace_index].req_id: r for r in res.records}
+
+
+@pytest.mark.parametrize("mode", ["on-reply", "trace"])
+def test_a_request_past_the_queue_timeout_is_refused_and_its_conversation_goes_on(
+    mode: str,
+) -> None:
+    trace = _two_sessions()
+    cfg = replace(ON_REPLY, follow_ups=mode)
+    _, free = _run(trace, replace(cfg, queue_timeout_s=math.inf))
+    busy = _by_id(trace, free)["s0t0"].finish  # s1t0 waits this long behind it without a timeout
+    timeout = busy / 2
+    _, res = _run(trace, replace(cfg, queue_timeout_s=timeout))
+    got = _by_id(trace, res)
+    refused = got["s1t0"]
+    assert refused.refused and refused.instance == -1
+    assert refused.first_token == refused.finish == -1.0  # never placed, never served
+    assert refused.router_wait == pytest.approx(timeout)
+    assert len(res.records) == len(trace)  # every turn was still sent
+    at = refused.arrival + timeout
+    # on the reply, the client sends the next turn when the failed one comes back; from the
+    # trace, at its own time
+    assert got["s1t1"].arrival == pytest.approx(at if mode == "on-reply" else trace[3].arrival_s)
+    assert not got["s0t0"].refused and got["s0t0"].router_wait == 0.0
+    row = summarize(res, cfg.slo, "round_robin", 1.0, math.inf)
+    assert row["refused"] == sum(r.refused for r in res.records) >= 1
+    # the refused request counts toward no tier's hits and no session's stickiness
+    placed = [r for r in res.records if not r.refused]
+    assert row["reuse_ratio"] == pytest.approx(
+        sum(r.cached_local + r.cached_global for r in placed) / sum(r.input_len for r in placed)
+    )
+
+
+def test_without_a_timeout_a_request_waits_until_admitted() -> None:
+    trace = _two_sessions()
+    _, res = _run(trace, replace(ON_REPLY, queue_timeout_s=math.inf))
+    assert not any(r.refused for r in res.records)
+    assert all(r.first_token >= 0 for r in res.records)
+
+
+def test_the_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="queue_timeout_s"):
+        replace(TWO, queue_timeout_s=0.0)
+
+
 def test_kept_slots_need_the_cap() -> None:
     with pytest.raises(ValueError, match="max_concurrent_requests"):
         replace(TWO, queue_session_grace_s=1.0)
@@ -120,3 +168,21 @@ def test_a_negative_cap_is_refused() -> None:
 def test_the_cli_refuses_the_cap_under_pd(capsys: pytest.CaptureFixture[str]) -> None:
     assert sim_main(["--pd", "--max-concurrent-requests", "8", "--trace", "unused.jsonl"]) == 2
     assert "--max-concurrent-requests is not modelled under --pd" in capsys.readouterr().err
+
+
+def test_the_timeout_defaults_to_the_routers() -> None:
+    router = next(f.default for f in fields(RouterConfig) if f.name == "queue_timeout_secs")
+    assert SimConfig().queue_timeout_s == router
+
+
+def test_a_kept_slot_that_comes_back_before_the_timeout_admits_the_waiting_request() -> None:
+    trace = _two_sessions()
+    kept = replace(ON_REPLY, queue_session_grace_s=1.0)
+    _, res = _run(trace, replace(kept, queue_timeout_s=math.inf))
+    wait = _by_id(trace, res)["s1t0"].router_wait  # it waits for s0t1's unclaimed slot
+    assert wait > 1.0
+    _, res = _run(trace, replace(kept, queue_timeout_s=wait + 0.01))
+    assert not _by_id(trace, res)["s1t0"].refused
+    assert _by_id(trace, res)["s1t0"].router_wait == pytest.approx(wait)
+    _, res = _run(trace, replace(kept, queue_timeout_s=wait - 0.01))
+    assert _by_id(trace, res)["s1t0"].refused
