@@ -42,6 +42,7 @@ from benchmarks.on_reply_classes import placed, setting, ttft, within_ttft_slo
 from smetric_router.policies import make_policy
 from smetric_router.router.config import RouterConfig
 from smetric_router.sim.cluster import Cluster, RequestRecord, engine_setup
+from smetric_router.sim.config import Slo
 from smetric_router.sim.metrics import summarize
 from smetric_router.sim.report import spread
 from smetric_router.traces.schema import TraceRequest
@@ -156,10 +157,18 @@ def session_columns(
     }
 
 
+def within_tpot_slo(records: Sequence[RequestRecord], tpot_ms: float) -> float:
+    """The share of the requests with a TPOT (two output tokens or more, served) within its SLO:
+    what a larger decode batch costs, which the TTFT columns do not show."""
+    per = [(r.finish - r.first_token) / (r.output_len - 1) * 1e3 for r in placed(records)
+           if r.output_len > 1 and r.first_token >= 0]  # fmt: skip
+    return float(np.mean([p <= tpot_ms for p in per])) if per else 0.0
+
+
 def cached(cell: Cell, ratio: float, rate: float, seed: int) -> dict[str, Any] | None:
-    """A run's cached row; None where it was never run or was run before the session columns."""
+    """A run's cached row; None where it was never run or was run before the TPOT columns."""
     row = rc.load_cached(cache_path(cell, ratio, rate, seed))
-    return row if row is not None and "sessions_running" in row else None
+    return row if row is not None and "tpot_ok" in row else None
 
 
 def run(cell: Cell, ratio: float, rate: float, seed: int) -> dict[str, Any]:
@@ -176,11 +185,12 @@ def run(cell: Cell, ratio: float, rate: float, seed: int) -> dict[str, Any]:
     sim = Cluster(cfg, pol, spec.ratio, timing=rc.timing(spec, cfg))
     res = sim.run(rc.trace(seed), spec.stretch())
     waits = np.array([ttft(r) for r in placed(res.records)])
+    row = summarize(res, cfg.slo, cell.policy, rate, spec.ratio)
     out = {
         "policy": cell.policy, "cap": cell.cap, "grace": cell.grace, "ratio": ratio,
-        "rate": rate, "seed": seed,
-        "tps_within_slo": summarize(res, cfg.slo, cell.policy, rate, spec.ratio)["tps_within_slo"],
+        "rate": rate, "seed": seed, "tps_within_slo": row["tps_within_slo"],
         "ttft_ok": within_ttft_slo(res.records, cfg.slo),
+        "tpot_ok": within_tpot_slo(res.records, cfg.slo.tpot_ms), "tpot_p90": row["tpot_p90"],
         "ttft_p90": float(np.percentile(waits, 90)), "ttft_p99": float(np.percentile(waits, 99)),
         "ttft_max": float(waits.max()), "router_wait_max": res.longest_router_wait_s,
         "past_timeout": sum(r.refused for r in res.records),
@@ -224,8 +234,18 @@ def versus_no_cap(
 
 def sizes(rows: dict[Key, dict[str, Any]]) -> list[str]:
     head = ("setting", *(f"cap {c}" for c in SIZES), "lmetric, no cap")
-    table = []
+    table, slo_table = [], []
     for ratio, rate in SIZE_POINTS:
+        tier = "full tier" if ratio else "no tier"
+        slos = []
+        for cell in (*(Cell("smetric", c, GRACE_S) for c in SIZES), Cell("lmetric")):
+            got = [rows[(cell, ratio, rate, t)] for t in rc.SEEDS]
+            slos.append(
+                f"{spread(g['ttft_ok'] for g in got).pct()} / "
+                f"{spread(g['tpot_ok'] for g in got).pct()} / "
+                f"{spread(g['tpot_p90'] for g in got).fmt('.0f')}"
+            )
+        slo_table.append((f"{tier}, {rate:g}x", *slos))
         cols = []
         for c in SIZES:
             got, ratios = versus_no_cap(rows, Cell("smetric", c, GRACE_S), ratio, rate)
@@ -239,7 +259,6 @@ def sizes(rows: dict[Key, dict[str, Any]]) -> list[str]:
             f"{spread(g['tps_within_slo'] for g in lm).fmt(',.0f')} "
             f"({spread(lm_ratios).fmt()}x no cap)"
         )
-        tier = "full tier" if ratio else "no tier"
         table.append((f"{tier}, {rate:g}x", *cols))
     holds = spread(kv_holds(t) for t in rc.SEEDS).fmt(".0f")
     return [
@@ -250,6 +269,13 @@ def sizes(rows: dict[Key, dict[str, Any]]) -> list[str]:
         "tokens, per seed): the size docs/admission.md starts from.",
         "",
         *rc.md_table(head, table),
+        "",
+        "Which SLO a larger cap misses: the share of requests within the TTFT SLO (a refused one "
+        "is not) / the share of the placed requests with a TPOT within its SLO "
+        f"({Slo().tpot_ms:g} ms) / TPOT p90 "
+        "(ms), the same cells:",
+        "",
+        *rc.md_table(head, slo_table),
     ]
 
 
@@ -259,7 +285,7 @@ def _run(key: Key) -> dict[str, Any]:
 
 def report(rows: dict[Key, dict[str, Any]], ratio: float) -> list[str]:
     head = ("rate", "router", "TPS within SLO", "/ smetric, no cap", "per seed",
-            "within TTFT SLO", "TTFT p90 (s)", "TTFT p99 (s)", "TTFT max (s)",
+            "within TTFT SLO", "within TPOT SLO", "TTFT p90 (s)", "TTFT p99 (s)", "TTFT max (s)",
             "longest wait at the router (s)", f"refused (429 after {TIMEOUT_S:g} s at the router)",
             "slots claimed", "sessions running (mean)", "follow-ups' history on their instance",
             "router wait, follow-ups / first turns (mean s)")  # fmt: skip
@@ -272,6 +298,7 @@ def report(rows: dict[Key, dict[str, Any]], ratio: float) -> list[str]:
                 spread(r["tps_within_slo"] for r in cell).fmt(",.0f"),
                 spread(ratios).fmt(), " / ".join(f"{x:.3f}" for x in ratios),
                 spread(r["ttft_ok"] for r in cell).pct(),
+                spread(r["tpot_ok"] for r in cell).pct(),
                 spread(r["ttft_p90"] for r in cell).fmt(".1f"),
                 spread(r["ttft_p99"] for r in cell).fmt(".0f"),
                 spread(r["ttft_max"] for r in cell).fmt(".0f"),

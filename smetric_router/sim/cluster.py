@@ -395,9 +395,12 @@ class Cluster:
             # a reply may send a follow-up before the next arrival known now, or after the last
             until = pending[0][0] if pending else math.inf
             due = gate.next_timeout() if gate is not None else None
-            self._run_events(until if due is None else min(until, due))
-            if due is not None and self._refuse(due):
+            if due is not None and due <= until:  # the oldest waiting request times out first
+                self._run_events(due)
+                if not self._refuse(due):  # admitted since, or something comes first
+                    self._expire_idle()
                 continue
+            self._run_events(until)
             if self._expire_idle():
                 continue
             if not pending:

@@ -90,6 +90,11 @@ def test_the_worst_instance_share_of_slow_requests() -> None:
     assert orc.worst_slow_share([unanswered], 1) == 1.0  # never answered counts as slow
 
 
+def cells(line: str) -> list[str]:
+    """A Markdown table row's cells."""
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
 def test_the_report_end_to_end_on_a_tiny_trace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,9 +109,12 @@ def test_the_report_end_to_end_on_a_tiny_trace(
     orc.main([])
     text = (results / "on-reply-classes.md").read_text()
     assert "| 1x | lmetric | follow-up, held |" in text
+    head = next(x for x in text.splitlines() if x.startswith("| rate | policy | TPS"))
     capped = next(
         x for x in text.splitlines() if x.startswith("| 1x | smetric + admission cap 4 | ")
     )
-    assert float(capped.split(" | ")[-1].split()[0]) > 0  # someone waited at the router
+    column = dict(zip(cells(head), cells(capped), strict=True))
+    assert float(column["longest wait at the router (s)"].split()[0]) > 0  # someone waited
+    assert column["refused (429 after the queue timeout)"].endswith("]")
     assert len(list((tmp_path / "cache").glob("*-classes.json"))) == 6
     orc.main(["--report-only"])  # every run now cached

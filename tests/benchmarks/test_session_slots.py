@@ -82,3 +82,15 @@ def test_a_refused_request_holds_no_session_open_but_counts_its_wait() -> None:
     cols = ss.session_columns(records, reqs)
     assert cols["sessions_running"] == pytest.approx(1.0)  # only a ran, from 0 to 2
     assert cols["wait_first"] == pytest.approx(30.0)  # 0 s and the refused one's 60 s
+
+
+def test_the_tpot_share_counts_served_requests_with_two_tokens_or_more() -> None:
+    records = [
+        RequestRecord(0.0, 100, 11, 0, 0, 0, first_token=1.0, finish=1.2),  # 20 ms a token
+        RequestRecord(0.0, 100, 11, 0, 0, 0, first_token=1.0, finish=1.5),  # 50 ms
+        RequestRecord(0.0, 100, 1, 0, 0, 0, first_token=1.0, finish=1.0),  # one token: no TPOT
+        RequestRecord(0.0, 100, 11, 0, -1, -1, router_wait=60.0, refused=True),
+    ]
+    assert ss.within_tpot_slo(records, 30.0) == pytest.approx(0.5)
+    assert ss.within_tpot_slo(records, 60.0) == pytest.approx(1.0)
+    assert ss.within_tpot_slo(records[2:], 30.0) == 0.0

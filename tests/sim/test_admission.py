@@ -186,3 +186,25 @@ def test_a_kept_slot_that_comes_back_before_the_timeout_admits_the_waiting_reque
     assert _by_id(trace, res)["s1t0"].router_wait == pytest.approx(wait)
     _, res = _run(trace, replace(kept, queue_timeout_s=wait - 0.01))
     assert _by_id(trace, res)["s1t0"].refused
+
+
+def test_a_request_admitted_before_its_timeout_leaves_the_clock_running() -> None:
+    """The timeout of the oldest waiting request is a point the simulation runs to; when that
+    request was admitted on the way, the replies after it still come before a later arrival."""
+    trace = {r.req_id: r for r in _sessions(3, 2, gap_s=60.0)}
+    reqs = [
+        replace(trace["s0t0"], arrival_s=0.0),
+        replace(trace["s1t0"], arrival_s=0.001),  # waits behind s0t0 and is admitted when it ends
+        replace(trace["s2t1"], arrival_s=30.0),  # comes when both have ended
+    ]
+    cfg = replace(TWO, max_concurrent_requests=1)
+    _, free = _run(reqs, replace(cfg, queue_timeout_s=math.inf))
+    done = _by_id(reqs, free)
+    assert done["s1t0"].finish < 30.0
+    # s1t0 is admitted before its timeout and still runs when that time comes
+    timeout = (done["s0t0"].finish + done["s1t0"].finish) / 2
+    _, res = _run(reqs, replace(cfg, queue_timeout_s=timeout))
+    got = _by_id(reqs, res)
+    assert not any(r.refused for r in res.records)
+    assert got["s2t1"].router_wait == 0.0  # s1t0's reply was seen before s2t1 arrived
+    assert got["s1t0"].router_wait == pytest.approx(done["s1t0"].router_wait)
