@@ -51,7 +51,7 @@ from smetric_router.policies import make_policy, policy_names
 from smetric_router.policies.base import PolicyParams, registered_in
 from smetric_router.sim.cluster import Cluster, RunResult, arrival_order
 from smetric_router.sim.config import SimConfig, Slo
-from smetric_router.sim.metrics import last_arrival_window, summarize, window_imbalance
+from smetric_router.sim.metrics import last_arrival_window, summarize, tpot_ms, window_imbalance
 from smetric_router.sim.report import Spread, spread
 from smetric_router.traces.loaders import load_trace
 from smetric_router.traces.sample import sample_sessions
@@ -325,11 +325,7 @@ def _ttft_ok(res: RunResult, slo: Slo, follow_ups: bool) -> float:
 
 
 def _extra(res: RunResult, slo: Slo) -> dict[str, Any]:
-    tpot = [
-        (r.finish - r.first_token) / (r.output_len - 1) * 1e3
-        for r in res.records
-        if r.first_token >= 0 and r.output_len > 1
-    ]
+    tpot = [p for p in map(tpot_ms, res.records) if p is not None]
     return {
         "tpot_p95": float(np.percentile(tpot, 95)),
         # windows[:arrival_windows] are those while requests still arrive (the drain left out)

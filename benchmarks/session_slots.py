@@ -43,7 +43,7 @@ from smetric_router.policies import make_policy
 from smetric_router.router.config import RouterConfig
 from smetric_router.sim.cluster import Cluster, RequestRecord, engine_setup
 from smetric_router.sim.config import Slo
-from smetric_router.sim.metrics import summarize
+from smetric_router.sim.metrics import summarize, tpot_ms
 from smetric_router.sim.report import spread
 from smetric_router.traces.schema import TraceRequest
 
@@ -157,12 +157,11 @@ def session_columns(
     }
 
 
-def within_tpot_slo(records: Sequence[RequestRecord], tpot_ms: float) -> float:
+def within_tpot_slo(records: Sequence[RequestRecord], limit_ms: float) -> float:
     """The share of the requests with a TPOT (two output tokens or more, served) within its SLO:
     what a larger decode batch costs, which the TTFT columns do not show."""
-    per = [(r.finish - r.first_token) / (r.output_len - 1) * 1e3 for r in placed(records)
-           if r.output_len > 1 and r.first_token >= 0]  # fmt: skip
-    return float(np.mean([p <= tpot_ms for p in per])) if per else 0.0
+    per = [p for p in map(tpot_ms, placed(records)) if p is not None]
+    return float(np.mean([p <= limit_ms for p in per])) if per else 0.0
 
 
 def cached(cell: Cell, ratio: float, rate: float, seed: int) -> dict[str, Any] | None:

@@ -40,6 +40,13 @@ from smetric_router.sim.cluster import RequestRecord, RunResult
 from smetric_router.sim.config import Slo
 
 
+def tpot_ms(r: RequestRecord) -> float | None:
+    """A served request's TPOT (ms); None for one with a single output token or no first token."""
+    if r.first_token < 0 or r.output_len <= 1:
+        return None
+    return (r.finish - r.first_token) / (r.output_len - 1) * 1e3
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -157,8 +164,8 @@ def summarize(
         t_first = r.first_token - r.arrival
         ttft.append(t_first)
         ok = t_first <= slo.ttft_limit(r.input_len)
-        if r.output_len > 1:
-            per = (r.finish - r.first_token) / (r.output_len - 1) * 1e3
+        per = tpot_ms(r)
+        if per is not None:
             tpot.append(per)
             ok = ok and per <= slo.tpot_ms
         good += n if ok else 0
