@@ -4,7 +4,7 @@ global-tier figures (provisioning, NICs per server, a degraded link) and the acc
     python -m benchmarks.repro_colocated FIGURE [--jobs N]
     FIGURE: bailian_lambda, fig9, fig11, fig12, fig14, fig15, fig25, provisioning, nics, sampling,
             sampling_seeds, scale, degraded_link, acceptance, first_turn, follow_ups, priority,
-            first_turn_cost, headroom, delay, all;
+            first_turn_cost, headroom, delay, l3move, warm_start, all;
             plan, probe, reuse, moves (diagnostics)
 
 The study's trace comes from ONE place, `STUDY` below (the generator command, the trace seeds, the
@@ -87,13 +87,18 @@ class Study:
     seeds: tuple[int, ...] = (1, 2, 3)
     min_requests: int = 8000
 
-    def path(self, seed: int) -> Path:
-        flags = "".join(self.extra_args).replace("-", "")
+    def path(self, seed: int, lead_in: float = 0.0) -> Path:
+        flags = "".join(self._args(lead_in)).replace("-", "")
         return WORK / f"agentic-{self.sessions}-s{seed}{flags}-{CODE_VERSION['traces']}.jsonl"
 
-    def command(self, seed: int | str) -> str:
-        out = self.path(seed) if isinstance(seed, int) else f"agentic-s{seed}.jsonl"
-        extra = " ".join(self.extra_args)
+    def _args(self, lead_in: float) -> tuple[str, ...]:
+        return (*self.extra_args, *(("--lead-in-s", f"{lead_in:g}") if lead_in else ()))
+
+    def command(self, seed: int | str, lead_in: float = 0.0) -> str:
+        """The generator command of seed's trace; lead_in: the trace also holds that many
+        seconds of the warm-up before the window (the window's times shift by it)."""
+        out = self.path(seed, lead_in) if isinstance(seed, int) else f"agentic-s{seed}.jsonl"
+        extra = " ".join(self._args(lead_in))
         return (
             f"python -m smetric_router.traces generate --sessions {self.sessions} --seed {seed}"
             + (f" {extra}" if extra else "")
@@ -234,6 +239,10 @@ class Spec:
     priority: int = 0
     # the router's --max-concurrent-requests (0: off): admission's cluster cap
     cap: int = 0
+    # > 0: a warm start. The requests of the trace's first lead_in seconds (of its own clock)
+    # run first and are not measured: a generated trace is written with that much of its
+    # warm-up before the same window, the Mooncake trace's own first seconds are the warm-up
+    lead_in: float = 0.0
 
     def base_rate(self) -> float:
         """What rate 1x is, as a multiple of the trace's own rate."""
@@ -266,6 +275,7 @@ class Spec:
             + ("" if self.pcie else "-nopcie")
             + (f"-prio{self.priority}" if self.priority else "")
             + (f"-cap{self.cap}" if self.cap else "")
+            + (f"-lead{self.lead_in:g}" if self.lead_in else "")
         )
 
 
@@ -293,25 +303,38 @@ def sim_config(spec: Spec) -> SimConfig:
     )
 
 
-_traces: dict[int, list[TraceRequest]] = {}
+_traces: dict[tuple[int, float], list[TraceRequest]] = {}
 
 
-def trace(seed: int) -> list[TraceRequest]:
-    if seed == MOONCAKE and seed not in _traces:
-        _traces[seed] = load_trace(MOONCAKE_TRACE, "mooncake")
-    if seed not in _traces:
-        path = STUDY.path(seed)
+def trace(seed: int, lead_in: float = 0.0) -> list[TraceRequest]:
+    """The requests a run replays: the study's window, after lead_in seconds of warm-up if any
+    (the Mooncake trace is one file either way: its first lead_in seconds are the warm-up)."""
+    key = (seed, 0.0 if seed == MOONCAKE else lead_in)
+    if seed == MOONCAKE and key not in _traces:
+        _traces[key] = load_trace(MOONCAKE_TRACE, "mooncake")
+    if key not in _traces:
+        path = STUDY.path(seed, lead_in)
         if not path.exists():
             WORK.mkdir(parents=True, exist_ok=True)
-            cmd = STUDY.command(seed).split()
+            cmd = STUDY.command(seed, lead_in).split()
             subprocess.run([sys.executable, *cmd[1:]], check=True, cwd=REPO)
         reqs = load_trace(path, "bailian")
-        end = None if STUDY.limit is None else STUDY.skip + STUDY.limit
-        reqs = reqs[STUDY.skip : end]
+        if not lead_in:  # the window is STUDY's; a lead-in replays the whole file
+            end = None if STUDY.limit is None else STUDY.skip + STUDY.limit
+            reqs = reqs[STUDY.skip : end]
         if len(reqs) < STUDY.min_requests:
             raise SystemExit(f"{path}: only {len(reqs)} requests in the window")
-        _traces[seed] = reqs
-    return _traces[seed]
+        _traces[key] = reqs
+    return _traces[key]
+
+
+def measured(res: RunResult, reqs: Sequence[TraceRequest], lead_in: float) -> RunResult:
+    """The run as its measured requests see it: those that arrived at or after lead_in on the
+    trace's clock (all of them without a lead-in). The per-window series stay the whole run's."""
+    if not lead_in:
+        return res
+    keep = [r for r in res.records if reqs[r.trace_index].arrival_s >= lead_in]
+    return replace(res, records=keep)
 
 
 def _ttft_ok(res: RunResult, slo: Slo, follow_ups: bool) -> float:
@@ -360,12 +383,18 @@ def store(path: Path, row: dict[str, Any]) -> None:
 
 
 def fork_map(
-    fn: Callable[[Any], Any], todo: Sequence[Any], jobs: int, seeds: Iterable[int]
+    fn: Callable[[Any], Any],
+    todo: Sequence[Any],
+    jobs: int,
+    seeds: Iterable[int],
+    lead_ins: Iterable[float] = (0.0,),
 ) -> None:
     """Run fn over todo in `jobs` forked processes, which leave their rows in the cache; each
-    seed's trace is loaded first, once, and inherited by the processes."""
+    seed's trace (with each lead-in) is loaded first, once, and inherited by the processes."""
+    leads = sorted(set(lead_ins))
     for seed in sorted(set(seeds)):
-        trace(seed)
+        for lead_in in leads:
+            trace(seed, lead_in)
     with multiprocessing.get_context("fork").Pool(min(jobs, len(todo))) as pool:
         pool.map(fn, todo, chunksize=1)
 
@@ -376,12 +405,13 @@ def run(spec: Spec) -> dict[str, Any]:
     if cached is not None:
         return cached
     cfg = sim_config(spec)
-    reqs, stretch = trace(spec.seed), spec.stretch()
+    reqs, stretch = trace(spec.seed, spec.lead_in), spec.stretch()
     if spec.sample:
         reqs, stretch = sample_sessions(reqs, stretch, spec.sample), 1.0
     t = time.perf_counter()
     policy = make_policy(spec.policy, cfg.params)
     res = Cluster(cfg, policy, spec.ratio, timing=timing(spec, cfg)).run(reqs, stretch)
+    res = measured(res, reqs, spec.lead_in)
     wall = time.perf_counter() - t
     out = summarize(res, cfg.slo, spec.policy, spec.rate * BASE_RATE, spec.ratio)
     out.update(_extra(res, cfg.slo), wall_s=wall, trace_seed=spec.seed, nics=spec.nics)
@@ -406,7 +436,7 @@ def runs(specs: Sequence[Spec]) -> list[dict[str, Any]]:
     if JOBS > 1 and len(todo) > 1:
         # slowest first (highest rate, no tier) so the pool does not end on one long run
         todo.sort(key=lambda s: (-s.rate, s.ratio))
-        fork_map(run, todo, JOBS, (s.seed for s in todo))
+        fork_map(run, todo, JOBS, (s.seed for s in todo), (s.lead_in for s in todo))
     return [run(s) for s in specs]
 
 
@@ -2077,6 +2107,78 @@ def l3move() -> None:
           "least (simulator, modelled)", body, rows)  # fmt: skip
 
 
+# The warm start: the full-tier headline cell measured after a lead-in, so that its window does
+# not open on a cold cluster. A replay from empty caches opens with every carried-over session's
+# history missing at once; that burst of long prefills sets the knee of a cold run.
+WARM_LEAD_S = 300.0  # of the trace's own clock
+WARM_SWEEP = (2.0, 2.25, 2.5, 2.75, 3.0, 3.25)  # x BASE_RATE, around the warm knees
+WARM_MOONCAKE_SWEEP = (1.0, 1.5, 2.0, 2.5, 3.0)  # x MOONCAKE_BASE_RATE, at SCALE_INSTANCES
+
+
+@dataclass(frozen=True, slots=True)
+class WarmCell:
+    seed: int
+    instances: int
+    lead_in: float
+    sweep: tuple[float, ...]
+
+    def spec(self, policy: str, rate: float) -> Spec:
+        return Spec(
+            policy, rate, math.inf, self.seed, instances=self.instances, lead_in=self.lead_in
+        )
+
+
+def _warm_cells() -> dict[str, WarmCell]:
+    """The three generated seeds warm, and the Mooncake trace at SCALE_INSTANCES warm and cold
+    (the cold side of the generated seeds is fine_sweep.md)."""
+    out = {f"seed {t}, warm": WarmCell(t, 32, WARM_LEAD_S, WARM_SWEEP) for t in SEEDS}
+    for label, lead in (("warm", WARM_LEAD_S), ("cold", 0.0)):
+        name = f"Mooncake, {SCALE_INSTANCES} instances, {label}"
+        out[name] = WarmCell(MOONCAKE, SCALE_INSTANCES, lead, WARM_MOONCAKE_SWEEP)
+    return out
+
+
+def warm_start_specs() -> list[Spec]:
+    cells = _warm_cells().values()
+    return [c.spec(p, r) for c in cells for p in ("smetric", *BASELINES) for r in c.sweep]
+
+
+def warm_start() -> None:
+    rows = runs(warm_start_specs())
+    table, generated = [], []
+    for label, cell in _warm_cells().items():
+        tops = {p: peak([cell.spec(p, r) for r in cell.sweep]) for p in ("smetric", *BASELINES)}
+        top = max(BASELINES, key=lambda p: tops[p]["tps_within_slo"])
+        ratio = tops["smetric"]["tps_within_slo"] / tops[top]["tps_within_slo"]
+        if label.startswith("seed"):
+            generated.append(ratio)
+        table.append(
+            (label, *[peak_at(tops[p]) for p in ("smetric", *BASELINES)], f"{ratio:.3f} ({top})")
+        )
+    body = [
+        "The full-tier headline cell (paper mode, 32 instances) with a warm start: each "
+        f"generated trace is written with the last {WARM_LEAD_S:g} s of its warm-up before the "
+        f"same window (`{STUDY.command('S', WARM_LEAD_S)}`), the whole file is replayed and "
+        "only the window's requests are measured (TPS within SLO over the span from the "
+        "window's first arrival to its last finish). A cold replay (every other figure) opens "
+        "the window on empty caches, with every carried-over session's history missing at once. "
+        f"The Mooncake conversation trace at {SCALE_INSTANCES} instances (the scale figure's "
+        f"cell; rate x {MOONCAKE_BASE_RATE:g} x its rate x {SCALE_INSTANCES}/32), warm (its "
+        f"first {WARM_LEAD_S:g} s run and are not measured) and cold (the whole trace "
+        "measured) on the same sweep. Sweeps: "
+        f"{', '.join(f'{r:g}' for r in WARM_SWEEP)} x {BASE_RATE} x the trace's rate "
+        f"(generated), {', '.join(f'{r:g}' for r in WARM_MOONCAKE_SWEEP)} (Mooncake). Each "
+        "policy's max TPS within SLO over its sweep and the rate it was reached at; the ratio "
+        "is smetric over the best baseline of the cell:",
+        "",
+        *md_table(("cell", *[f"`{p}`" for p in ("smetric", *BASELINES)], "ratio"), table),
+        "",
+        f"smetric / best baseline on the warm generated seeds: **{spread(generated).fmt()}** "
+        "(the cold ratios, on the fine sweep: fine_sweep.md).",
+    ]
+    write("warm_start", "The full-tier cell with a warm start (simulator, modelled)", body, rows)
+
+
 def working_set(seed: int) -> float:
     """Distinct prompt tokens of the replayed window, x the cluster's GPU KV."""
     reqs = trace(seed)
@@ -2449,6 +2551,7 @@ FIGS: dict[str, Figure] = {
     "headroom": Figure(headroom, headroom_specs),
     "delay": Figure(delay, delay_specs),
     "l3move": Figure(l3move, l3move_specs),
+    "warm_start": Figure(warm_start, warm_start_specs),
 }
 
 

@@ -12,6 +12,8 @@ import orjson
 import pytest
 
 from benchmarks import repro_colocated as rc
+from smetric_router.policies import make_policy
+from smetric_router.sim.cluster import Cluster
 from smetric_router.sim.report import spread
 from smetric_router.sim.tiers import Tiers
 from tests.helpers.study import tiny_study
@@ -39,6 +41,7 @@ def test_the_cache_key_names_every_setting_and_the_code() -> None:
         "pcie": False,
         "priority": 1,
         "cap": 64,
+        "lead_in": 300.0,
     }
     assert set(changed) | {"prefetch"} == {f.name for f in dataclasses.fields(rc.Spec)}
     for name, value in changed.items():
@@ -132,6 +135,26 @@ def test_the_cache_key_names_the_study_window(monkeypatch: pytest.MonkeyPatch) -
     assert spec.key() != before
 
 
+def test_a_warm_start_measures_the_cold_windows_requests_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny_study(monkeypatch, tmp_path, rc.Study(sessions=40, seeds=(1,), min_requests=1))
+    lead = 120.0
+    cold, warm = rc.trace(1), rc.trace(1, lead)
+    assert len(warm) > len(cold)
+    spec = rc.Spec("smetric", 1.0, lead_in=lead)
+    cfg = rc.sim_config(spec)
+    res = Cluster(cfg, make_policy("smetric", cfg.params), spec.ratio).run(warm, spec.stretch())
+    kept = rc.measured(res, warm, lead)
+    assert len(res.records) == len(warm)
+    assert sorted(
+        (round(warm[r.trace_index].arrival_s - lead, 3), warm[r.trace_index].input_len)
+        for r in kept.records
+    ) == sorted((round(c.arrival_s, 3), c.input_len) for c in cold)
+    assert rc.measured(res, warm, 0.0) is res
+    assert "--lead-in-s 120" in rc.STUDY.command(1, lead)
+
+
 def test_a_changed_source_file_changes_the_code_version(tmp_path: Path) -> None:
     assert rc._source_hash("sim") == rc._source_hash("sim")
     assert rc._source_hash("sim") != rc._source_hash("engine")
@@ -180,6 +203,9 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
     monkeypatch.setattr(rc, "FU_SWEEPS", {"trace": (1.0,), "on-reply": (1.0,)})
     monkeypatch.setattr(rc, "FINE_SWEEP", (1.0, 1.5))
     monkeypatch.setattr(rc, "KNEE_SWEEP", (1.0, 1.5, 2.0))  # the sweep with a point between its two
+    monkeypatch.setattr(rc, "WARM_SWEEP", (1.0,))
+    monkeypatch.setattr(rc, "WARM_MOONCAKE_SWEEP", (1.0,))
+    monkeypatch.setattr(rc, "WARM_LEAD_S", 2.0)  # of the tiny Mooncake file's 5.5 s
     mooncake = tmp_path / "mooncake.jsonl"
     lines = []
     for i in range(12):  # 4 sessions of 3 turns, each turn extending the last
@@ -200,6 +226,8 @@ def test_the_figures_end_to_end_on_a_tiny_trace(
     assert "[" in acc  # two seeds: a range beside the mean
     fine = (results / "fine_sweep.md").read_text()
     assert "| 2 / stretched |" in fine and "| 2 / 2 |" in fine  # every seed, both ways
+    warm = (results / "warm_start.md").read_text()
+    assert "| seed 2, warm |" in warm and "| Mooncake, 8 instances, cold |" in warm
     rows = [f for f in (tmp_path / "cache").iterdir() if f.suffix == ".json"]
     assert rows
     # rerunning reads the cache: no new run
