@@ -2145,13 +2145,19 @@ def warm_start_specs() -> list[Spec]:
 
 def warm_start() -> None:
     rows = runs(warm_start_specs())
-    table, generated = [], []
+    table, generated, edges = [], [], []
     for label, cell in _warm_cells().items():
         tops = {p: peak([cell.spec(p, r) for r in cell.sweep]) for p in ("smetric", *BASELINES)}
         top = max(BASELINES, key=lambda p: tops[p]["tps_within_slo"])
         ratio = tops["smetric"]["tps_within_slo"] / tops[top]["tps_within_slo"]
         if label.startswith("seed"):
             generated.append(ratio)
+        edges += [
+            f"{label} `{p}` ({row['tps_within_slo'] / tops[top]['tps_within_slo']:.2f}x the best "
+            "baseline)"
+            for p, row in tops.items()
+            if row["x_rate"] in (cell.sweep[0], cell.sweep[-1])
+        ]
         table.append(
             (label, *[peak_at(tops[p]) for p in ("smetric", *BASELINES)], f"{ratio:.3f} ({top})")
         )
@@ -2175,6 +2181,10 @@ def warm_start() -> None:
         "",
         f"smetric / best baseline on the warm generated seeds: **{spread(generated).fmt()}** "
         "(the cold ratios, on the fine sweep: fine_sweep.md).",
+        "",
+        "Maxima at an end of their sweep (the policy's true maximum may lie beyond it): "
+        + ("; ".join(edges) if edges else "none")
+        + ".",
     ]
     write("warm_start", "The full-tier cell with a warm start (simulator, modelled)", body, rows)
 
