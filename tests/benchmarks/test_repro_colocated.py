@@ -138,8 +138,8 @@ def test_the_cache_key_names_the_study_window(monkeypatch: pytest.MonkeyPatch) -
 def test_a_warm_start_measures_the_cold_windows_requests_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tiny_study(monkeypatch, tmp_path, rc.Study(sessions=40, seeds=(1,), min_requests=1))
-    lead = 120.0
+    tiny_study(monkeypatch, tmp_path, rc.Study(sessions=10, seeds=(1,), min_requests=1))
+    lead = 30.0
     cold, warm = rc.trace(1), rc.trace(1, lead)
     assert len(warm) > len(cold)
     spec = rc.Spec("smetric", 1.0, lead_in=lead)
@@ -152,7 +152,7 @@ def test_a_warm_start_measures_the_cold_windows_requests_only(
         for r in kept.records
     ) == sorted((round(c.arrival_s, 3), c.input_len) for c in cold)
     assert rc.measured(res, warm, 0.0) is res
-    assert "--lead-in-s 120" in rc.STUDY.command(1, lead)
+    assert "--lead-in-s 30" in rc.STUDY.command(1, lead)
 
 
 def test_a_changed_source_file_changes_the_code_version(tmp_path: Path) -> None:
