@@ -26,6 +26,7 @@ def test_committed_cpu_mooncake_spec_gives_every_worker_the_master() -> None:
     assert master is not None and master[0] == "mooncake_master"  # /v/bin has none: from PATH
     assert "--rpc_address=127.0.0.1" in master and "--rpc_port=50151" in master
     assert "--http_metadata_server_port=18080" in master and "--metrics_port=19003" in master
+    assert "--enable_metric_reporting=false" in master  # its 10-s status line off the console
     plan = plan_workers(spec)
     assert len(plan) == 2
     for w in plan:

@@ -218,7 +218,10 @@ def mooncake_master_argv(spec: ClusterSpec) -> tuple[str, ...] | None:
         if beside is not None:
             binary = str(beside)
     bind = m.host if m.host not in LOCAL_HOSTS else "127.0.0.1"
+    # The master's periodic status line (a few KB every 10 s) would bury the stack's own log in
+    # the console every child shares; the same figures stay on its /metrics.
     return (binary, f"--rpc_address={bind}", f"--rpc_port={m.rpc_port}",
             "--enable_http_metadata_server=true", f"--http_metadata_server_host={bind}",
             f"--http_metadata_server_port={m.http_metadata_port}", f"--metrics_host={bind}",
-            f"--metrics_port={m.metrics_port}", "--eviction_high_watermark_ratio=0.95")  # fmt: skip
+            f"--metrics_port={m.metrics_port}", "--eviction_high_watermark_ratio=0.95",
+            "--enable_metric_reporting=false")  # fmt: skip
