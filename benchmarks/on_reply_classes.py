@@ -191,7 +191,7 @@ def run(s: rc.Spec) -> dict[str, Any]:
 def runs(specs: Sequence[rc.Spec], jobs: int) -> list[dict[str, Any]]:
     todo = [s for s in specs if not (rc.CACHE / f"{s.key()}-classes.json").exists()]
     if jobs > 1 and len(todo) > 1:
-        rc.fork_map(run, todo, jobs, (s.seed for s in todo))
+        rc.fork_map(run, todo, jobs, ((s.seed, 0.0) for s in todo))
     return [run(s) for s in specs]
 
 

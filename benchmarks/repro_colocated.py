@@ -383,18 +383,13 @@ def store(path: Path, row: dict[str, Any]) -> None:
 
 
 def fork_map(
-    fn: Callable[[Any], Any],
-    todo: Sequence[Any],
-    jobs: int,
-    seeds: Iterable[int],
-    lead_ins: Iterable[float] = (0.0,),
+    fn: Callable[[Any], Any], todo: Sequence[Any], jobs: int, traces: Iterable[tuple[int, float]]
 ) -> None:
     """Run fn over todo in `jobs` forked processes, which leave their rows in the cache; each
-    seed's trace (with each lead-in) is loaded first, once, and inherited by the processes."""
-    leads = sorted(set(lead_ins))
-    for seed in sorted(set(seeds)):
-        for lead_in in leads:
-            trace(seed, lead_in)
+    (seed, lead-in) trace the runs replay is loaded first, once, and inherited by the
+    processes."""
+    for seed, lead_in in sorted(set(traces)):
+        trace(seed, lead_in)
     with multiprocessing.get_context("fork").Pool(min(jobs, len(todo))) as pool:
         pool.map(fn, todo, chunksize=1)
 
@@ -436,7 +431,7 @@ def runs(specs: Sequence[Spec]) -> list[dict[str, Any]]:
     if JOBS > 1 and len(todo) > 1:
         # slowest first (highest rate, no tier) so the pool does not end on one long run
         todo.sort(key=lambda s: (-s.rate, s.ratio))
-        fork_map(run, todo, JOBS, (s.seed for s in todo), (s.lead_in for s in todo))
+        fork_map(run, todo, JOBS, ((s.seed, s.lead_in) for s in todo))
     return [run(s) for s in specs]
 
 
@@ -2145,9 +2140,10 @@ def warm_start_specs() -> list[Spec]:
 
 def warm_start() -> None:
     rows = runs(warm_start_specs())
+    shown = ("smetric", *BASELINES)
     table, generated, edges = [], [], []
     for label, cell in _warm_cells().items():
-        tops = {p: peak([cell.spec(p, r) for r in cell.sweep]) for p in ("smetric", *BASELINES)}
+        tops = {p: peak([cell.spec(p, r) for r in cell.sweep]) for p in shown}
         top = max(BASELINES, key=lambda p: tops[p]["tps_within_slo"])
         ratio = tops["smetric"]["tps_within_slo"] / tops[top]["tps_within_slo"]
         if label.startswith("seed"):
@@ -2158,9 +2154,7 @@ def warm_start() -> None:
             for p, row in tops.items()
             if row["x_rate"] in (cell.sweep[0], cell.sweep[-1])
         ]
-        table.append(
-            (label, *[peak_at(tops[p]) for p in ("smetric", *BASELINES)], f"{ratio:.3f} ({top})")
-        )
+        table.append((label, *[peak_at(tops[p]) for p in shown], f"{ratio:.3f} ({top})"))
     body = [
         "The full-tier headline cell (paper mode, 32 instances) with a warm start: each "
         f"generated trace is written with the last {WARM_LEAD_S:g} s of its warm-up before the "
@@ -2177,7 +2171,7 @@ def warm_start() -> None:
         "policy's max TPS within SLO over its sweep and the rate it was reached at; the ratio "
         "is smetric over the best baseline of the cell:",
         "",
-        *md_table(("cell", *[f"`{p}`" for p in ("smetric", *BASELINES)], "ratio"), table),
+        *md_table(("cell", *[f"`{p}`" for p in shown], "ratio"), table),
         "",
         f"smetric / best baseline on the warm generated seeds: **{spread(generated).fmt()}** "
         "(the cold ratios, on the fine sweep: fine_sweep.md).",

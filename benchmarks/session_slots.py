@@ -366,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.report_only and missing:
         raise SystemExit(f"--report-only: {len(missing)} runs not cached, e.g. {missing[0]}")
     if args.jobs > 1 and len(missing) > 1:
-        rc.fork_map(_run, missing, args.jobs, (seed for *_, seed in missing))
+        rc.fork_map(_run, missing, args.jobs, ((seed, 0.0) for *_, seed in missing))
     rows = {k: run(*k) for k in todo}
     wall = sum(r["wall_s"] for r in rows.values()) / 60
     lines = [
