@@ -53,23 +53,33 @@ def score(result: dict[str, object], ttft_ms: float, tpot_ms: float) -> tuple[fl
     return good / duration, tpot_good / len(ttfts) if ttfts else 0.0
 
 
-def load(work: Path, ttft_ms: float, tpot_ms: float) -> list[Scored]:
+@dataclass(frozen=True, slots=True)
+class Run:
+    router: str
+    rate: float
+    draw: int
+    result: dict[str, object]  # bench_serving's, with --output-details
+
+
+def load(work: Path) -> list[Run]:
+    """Every stored run of the work dir, each read once."""
     out = []
     for side_file in sorted(work.glob("*.run.json")):
         side = json.loads(side_file.read_text())
         bench = side_file.with_name(side_file.name.removesuffix(".run.json") + ".jsonl")
         result = json.loads(bench.read_text().splitlines()[-1])
-        goodput, ok = score(result, ttft_ms, tpot_ms)
-        out.append(Scored(side["router"], side["rate"], side.get("draw", 1), goodput, ok))
+        out.append(Run(side["router"], side["rate"], side.get("draw", 1), result))
     return out
 
 
 def table(work: Path, ttft_ms: float, tpots: Sequence[float]) -> list[str]:
     """Per router and rate, mean [min-max] over draws of the goodput under each TPOT SLO."""
     cells: dict[tuple[str, float], dict[float, list[Scored]]] = defaultdict(dict)
-    for tpot in tpots:
-        for s in load(work, ttft_ms, tpot):
-            cells[(s.router, s.rate)].setdefault(tpot, []).append(s)
+    for run in load(work):
+        for tpot in tpots:
+            goodput, ok = score(run.result, ttft_ms, tpot)
+            scored = Scored(run.router, run.rate, run.draw, goodput, ok)
+            cells[(run.router, run.rate)].setdefault(tpot, []).append(scored)
     if not cells:
         raise SystemExit(f"no benchmarks.compare runs (*.run.json) in {work}")
     head = ["router", "rate (conv/s)", "draws"]
